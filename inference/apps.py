@@ -5,4 +5,6 @@ from django.apps import AppConfig
 
 class InferenceConfig(AppConfig):
     name = "inference"
+    label = "inference"
     verbose_name = "Inference"
+    default_auto_field = "django.db.models.BigAutoField"

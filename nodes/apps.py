@@ -5,4 +5,6 @@ from django.apps import AppConfig
 
 class NodesConfig(AppConfig):
     name = "nodes"
+    label = "nodes"
     verbose_name = "Nodes"
+    default_auto_field = "django.db.models.BigAutoField"

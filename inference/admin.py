@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
+
+
+@admin.register(ModelPackage)
+class ModelPackageAdmin(admin.ModelAdmin):
+    list_display = ("name", "version", "quantization", "context_window", "architecture", "created_at")
+    search_fields = ("name", "version", "sha256")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ModelPackage | None = None):
+        # Packages are immutable: once saved, every field is read-only.
+        if obj is not None:
+            return [f.name for f in obj._meta.fields]
+        return ("created_at",)
+
+
+@admin.register(RoutingPolicy)
+class RoutingPolicyAdmin(admin.ModelAdmin):
+    list_display = ("session_header", "health_interval_s", "failure_threshold", "failover_strategy",
+                    "request_timeout_s")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not RoutingPolicy.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: RoutingPolicy | None = None) -> bool:
+        return False
+
+
+class RouteDecisionInline(admin.TabularInline):
+    model = RouteDecision
+    extra = 0
+    max_num = 0
+    can_delete = False
+    readonly_fields = ("created_at", "action", "node_id", "reason")
+
+
+@admin.register(SessionRoute)
+class SessionRouteAdmin(admin.ModelAdmin):
+    list_display = ("session_id", "node", "package", "turns", "moves", "last_seen_at", "created_at")
+    list_filter = ("node", "package")
+    search_fields = ("session_id",)
+    readonly_fields = ("created_at", "last_seen_at")
+    inlines = [RouteDecisionInline]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "created_by", "created_at", "last_used_at", "revoked")
+    list_filter = ("revoked",)
+    readonly_fields = ("token_hash", "prefix", "created_by", "created_at", "last_used_at")
+    fields = ("name", "revoked", "prefix", "token_hash", "created_by", "created_at", "last_used_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Tokens are minted by ``inference.services.token_create`` so the plaintext is shown once.
+        return False

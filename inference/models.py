@@ -1,0 +1,169 @@
+"""Model packages, the routing policy, the session routing table and API tokens."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class ModelPackage(models.Model):
+    """A versioned, immutable model bundle: one GGUF file and what it says of itself.
+
+    Once saved, the fields in ``IMMUTABLE_FIELDS`` cannot change; a new version is a new row.
+    The OpenAI ``model`` a client passes is ``name`` (newest version) or ``name:version``.
+    """
+
+    IMMUTABLE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "name", "version", "gguf_path", "sha256", "quantization", "context_window", "chat_template",
+    )
+
+    name = models.SlugField(max_length=128)
+    version = models.CharField(max_length=64)
+    gguf_path = models.CharField(max_length=1024)
+    sha256 = models.CharField(max_length=64)
+    quantization = models.CharField(max_length=32, blank=True, default="")
+    architecture = models.CharField(max_length=64, blank=True, default="")
+    context_window = models.PositiveIntegerField(default=2048)
+    chat_template = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="package_name_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def key(self) -> str:
+        """``name:version``."""
+        return f"{self.name}:{self.version}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:
+            stored = type(self).objects.filter(pk=self.pk).values(*self.IMMUTABLE_FIELDS).first()
+            if stored is not None:
+                changed = [f for f in self.IMMUTABLE_FIELDS if stored[f] != getattr(self, f)]
+                if changed:
+                    raise ValidationError(
+                        f"Package {self.key} is immutable; cannot change {', '.join(changed)}."
+                    )
+        super().save(*args, **kwargs)
+
+
+class RoutingPolicy(models.Model):
+    """The single routing policy row (pk=1); read it with ``RoutingPolicy.load()``."""
+
+    class FailoverStrategy(models.TextChoices):
+        STICK_AND_REDIRECT = "stick_and_redirect", "Stick, redirect when the node fails or drains"
+
+    session_header = models.CharField(max_length=64, default="X-Session-Id")
+    health_interval_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
+    failure_threshold = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1)])
+    failover_strategy = models.CharField(
+        max_length=32, choices=FailoverStrategy.choices, default=FailoverStrategy.STICK_AND_REDIRECT
+    )
+    probe_timeout_s = models.FloatField(default=2.0, validators=[MinValueValidator(0.1)])
+    connect_timeout_s = models.FloatField(default=2.0, validators=[MinValueValidator(0.1)])
+    request_timeout_s = models.FloatField(
+        default=120.0, validators=[MinValueValidator(1.0)],
+        help_text="Longest wait for the node's next byte (s).",
+    )
+    max_attempts = models.PositiveSmallIntegerField(
+        default=3, validators=[MinValueValidator(1)],
+        help_text="Nodes tried for one request when it fails before its first byte.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "routing policy"
+
+    def __str__(self) -> str:
+        return "Routing policy"
+
+    def save(self, *args, **kwargs) -> None:
+        self.pk = 1
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def load(cls) -> RoutingPolicy:
+        """The policy row, created with defaults on first use."""
+        policy, _ = cls.objects.get_or_create(pk=1)
+        return policy
+
+
+class SessionRoute(models.Model):
+    """The routing table: where a session is pinned and what it has said.
+
+    ``transcript`` is a list of OpenAI chat messages (``{"role": ..., "content": ...}``) kept for
+    websocket clients, which send only the new message; REST clients send the whole history and
+    their turns are not stored here.
+    """
+
+    session_id = models.CharField(max_length=200, unique=True)
+    node = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="session_routes"
+    )
+    package = models.ForeignKey(
+        ModelPackage, null=True, blank=True, on_delete=models.SET_NULL, related_name="session_routes"
+    )
+    turns = models.PositiveIntegerField(default=0)
+    moves = models.PositiveIntegerField(default=0)
+    transcript = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        ordering = ["-last_seen_at"]
+
+    def __str__(self) -> str:
+        return self.session_id
+
+
+class RouteDecision(models.Model):
+    """One entry of a session's decision log: why it was placed on or moved to a node."""
+
+    class Action(models.TextChoices):
+        PLACED = "placed", "Placed"
+        MOVED = "moved", "Moved"
+
+    route = models.ForeignKey(SessionRoute, on_delete=models.CASCADE, related_name="decisions")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    node_id = models.CharField(max_length=64)
+    reason = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class ApiToken(models.Model):
+    """A Bearer token for ``/v1/`` and the websockets; only its sha256 is stored.
+
+    ``prefix`` (the first characters of the plaintext) lets an operator recognise a token.
+    """
+
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

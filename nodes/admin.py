@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from nodes.models import Node, NodeEvent
+
+
+class NodeEventInline(admin.TabularInline):
+    model = NodeEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ("kind", "message", "created_at")
+    ordering = ("-created_at",)
+    max_num = 0
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("node_id", "address", "state", "weight", "affinity", "package", "load_display",
+                    "consecutive_failures", "last_probe_at")
+    list_filter = ("state", "package")
+    search_fields = ("node_id", "address")
+    readonly_fields = ("consecutive_failures", "last_probe_at", "last_probe_error", "last_seen_load",
+                       "created_at", "updated_at")
+    inlines = [NodeEventInline]
+
+    @admin.display(description="load")
+    def load_display(self, obj: Node) -> str:
+        return "unknown" if obj.load is None else f"{obj.load:.2f}"
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "node", "kind", "message")
+    list_filter = ("kind", "node")
+    readonly_fields = ("node", "kind", "message", "created_at")
