@@ -1,0 +1,171 @@
+"""Session websocket ``/ws/sessions/<session_id>/``: chat with a stored transcript.
+
+Client -> server: ``{"type": "user", "content": "..."}`` (``{"message": ...}`` and
+``{"content": ...}`` too), optional ``model``, ``max_tokens``, ``temperature``, ``top_p``,
+``seed``, ``stop``. Server -> client: ``{"type": "delta", "content": "..."}`` per token, then
+``{"type": "done", "node": "node-01", "content": full reply, "finish_reason", "usage",
+"timings"}``; or ``{"type": "error", "message", "code"}``. One turn at a time per connection.
+
+The session is the same ``SessionRoute`` the REST proxy pins (same service, same log). The
+transcript grows by the user message and the reply only when a turn completes, so a failed turn
+can simply be sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from inference import proxy, selectors, services
+from inference.errors import AuthError, BadRequest, NoHealthyNode, ProxyError
+from inference.validation import MAX_SESSION_ID, WsTurn, parse_ws_message
+
+CLOSE_UNAUTHORIZED = 4401
+
+
+@sync_to_async
+def _authenticate(scope: dict[str, Any]) -> str:
+    user = scope.get("user")
+    if user is not None and getattr(user, "is_authenticated", False):
+        return f"user:{user.get_username()}"
+    query = scope.get("query_string", b"").decode("latin1")
+    from urllib.parse import parse_qs
+
+    token = (parse_qs(query).get("token") or [None])[0]
+    if token is None:
+        headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])}
+        token = services.bearer_token(headers.get("authorization"))
+    return services.token_authenticate(raw=token)
+
+
+@sync_to_async
+def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, Any]]]:
+    name = turn.model or services.session_package_name(session_id=session_id)
+    if name is None:
+        default = selectors.package_default()
+        if default is None:
+            raise NoHealthyNode("No model package is registered.", retry_after=5)
+        name = default.name
+    package = services.package_resolve(model=name)
+    history = services.transcript_get(session_id=session_id)
+    return package.name, [*history, {"role": "user", "content": turn.content}]
+
+
+_append = sync_to_async(services.transcript_append)
+
+
+class SessionConsumer(AsyncJsonWebsocketConsumer):
+    """Thin consumer: parse, then run one turn as a task that a disconnect cancels."""
+
+    session_id: str
+    authenticated: bool = False
+    turn_task: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
+        await self.accept()
+        if len(self.session_id) > MAX_SESSION_ID:
+            await self.send_error(BadRequest("Session id is too long.", code="invalid_session_id"))
+            await self.close(code=4400)
+            return
+        try:
+            await _authenticate(self.scope)
+        except AuthError as exc:
+            await self.send_error(exc)
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        self.authenticated = True
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if not self.authenticated:
+            return
+        try:
+            if text_data is None:
+                raise BadRequest("Send JSON text frames.", code="invalid_json")
+            try:
+                data = json.loads(text_data)
+            except ValueError as exc:
+                raise BadRequest(f"Message is not valid JSON: {exc}", code="invalid_json") from exc
+            turn = parse_ws_message(data)
+            if self.turn_task is not None and not self.turn_task.done():
+                raise BadRequest("A turn is already running; wait for its done event.",
+                                 code="turn_in_progress")
+        except ProxyError as exc:
+            await self.send_error(exc)
+            return
+        self.turn_task = asyncio.create_task(self.run_turn(turn))
+
+    async def disconnect(self, code: int) -> None:
+        task = self.turn_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def send_error(self, exc: ProxyError) -> None:
+        event: dict[str, Any] = {"type": "error", "message": exc.message, "code": exc.code}
+        if exc.retry_after is not None:
+            event["retry_after"] = exc.retry_after
+        await self.send_json(event)
+
+    async def run_turn(self, turn: WsTurn) -> None:
+        """Route, stream deltas, then store the exchange and send ``done``."""
+        try:
+            model, messages = await _prepare_turn(self.session_id, turn)
+            payload = {"model": model, "messages": messages, "stream": True,
+                       "stream_options": {"include_usage": True}, **turn.options}
+            upstream = await proxy.upstream_open(payload=payload, model=model,
+                                                 session_id=self.session_id)
+            if upstream.status != 200:
+                body = await upstream.read_all()
+                raise _node_error(upstream.status, body, upstream.node_id)
+            reply, done = await self.relay(upstream)
+            if done is None:
+                return
+            await _append(session_id=self.session_id,
+                          messages=[messages[-1], {"role": "assistant", "content": reply}])
+            await self.send_json(done)
+        except ProxyError as exc:
+            await self.send_error(exc)
+
+    async def relay(self, upstream: proxy.Upstream) -> tuple[str, dict[str, Any] | None]:
+        """Send deltas; returns the reply text and the done event (None after an error)."""
+        parts: list[str] = []
+        done: dict[str, Any] = {"type": "done", "node": upstream.node_id, "usage": None,
+                                "timings": None, "finish_reason": None}
+        async for event in proxy.sse_events(upstream):
+            if event == "[DONE]":
+                break
+            if not isinstance(event, dict):
+                continue
+            if "error" in event:
+                error = event["error"] if isinstance(event["error"], dict) else {}
+                await self.send_json({"type": "error", "node": upstream.node_id,
+                                      "message": error.get("message", str(event["error"])),
+                                      "code": error.get("code", "upstream_error")})
+                return "".join(parts), None
+            for choice in event.get("choices") or []:
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    parts.append(content)
+                    await self.send_json({"type": "delta", "content": content})
+                if choice.get("finish_reason"):
+                    done["finish_reason"] = choice["finish_reason"]
+            for key in ("usage", "timings"):
+                if event.get(key):
+                    done[key] = event[key]
+        done["content"] = "".join(parts)
+        return done["content"], done
+
+
+def _node_error(status: int, body: bytes, node_id: str) -> ProxyError:
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+    return ProxyError(f"{node_id} refused the turn: {message}", code="node_error", status=status)

@@ -1,0 +1,11 @@
+"""Websocket URL patterns of the inference app (mounted by ``console.asgi``)."""
+
+from __future__ import annotations
+
+from django.urls import re_path
+
+from inference.consumers import SessionConsumer
+
+websocket_urlpatterns = [
+    re_path(r"^ws/sessions/(?P<session_id>[^/]+)/?$", SessionConsumer.as_asgi()),
+]

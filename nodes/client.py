@@ -1,0 +1,115 @@
+"""All outbound HTTP from the control plane to nodes goes through this module (httpx).
+
+Tests patch this one seam. The control loop uses the blocking ``probe``; the proxy and the
+websocket consumer use ``chat_open`` / ``chat_close`` on a shared ``httpx.AsyncClient`` per
+event loop (building a client costs milliseconds, too much per request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from nodes.metrics import load_from_metrics, parse_prometheus
+
+_sync_client: httpx.Client | None = None
+_sync_lock = threading.Lock()
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Outcome of one health probe.
+
+    ``ok``: ``/health`` answered 200. ``status``: "ok", "loading" (503 while the model loads),
+    "unreachable" (connection refused/reset), "timeout" (no answer in time: a hung or stopped
+    process), or "error" (any other answer). ``load``: summary from ``/metrics`` (see
+    ``nodes.metrics.load_from_metrics``) or None when metrics could not be read.
+    """
+
+    ok: bool
+    status: str
+    error: str = ""
+    load: dict[str, Any] | None = field(default=None)
+
+
+def _client() -> httpx.Client:
+    global _sync_client
+    with _sync_lock:
+        if _sync_client is None:
+            _sync_client = httpx.Client(limits=_LIMITS, trust_env=False)
+        return _sync_client
+
+
+def probe(address: str, *, timeout: float) -> ProbeResult:
+    """GET ``http://<address>/health`` then ``/metrics``, each within ``timeout`` seconds.
+
+    Never raises for network trouble; the result says what happened.
+    """
+    base = f"http://{address}"
+    try:
+        response = _client().get(f"{base}/health", timeout=timeout)
+    except httpx.TimeoutException as exc:
+        return ProbeResult(False, "timeout", f"no answer in {timeout:g} s ({type(exc).__name__})")
+    except httpx.TransportError as exc:
+        return ProbeResult(False, "unreachable", f"{type(exc).__name__}: {exc}"[:200])
+    if response.status_code == 503:
+        return ProbeResult(False, "loading", "health 503 (loading)")
+    if response.status_code != 200:
+        return ProbeResult(False, "error", f"health answered {response.status_code}")
+    try:
+        metrics = _client().get(f"{base}/metrics", timeout=timeout)
+        load = load_from_metrics(parse_prometheus(metrics.text)) if metrics.status_code == 200 else None
+    except httpx.TransportError:
+        load = None
+    return ProbeResult(True, "ok", "", load)
+
+
+def async_client() -> httpx.AsyncClient:
+    """The shared ``httpx.AsyncClient`` of the running event loop."""
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(loop)
+    if client is None or client.is_closed:
+        client = httpx.AsyncClient(limits=_LIMITS, trust_env=False)
+        _async_clients[loop] = client
+    return client
+
+
+async def chat_open(
+    address: str,
+    *,
+    payload: dict[str, Any],
+    session_id: str | None,
+    connect_timeout: float,
+    read_timeout: float,
+) -> httpx.Response:
+    """POST ``payload`` to the node's ``/v1/chat/completions`` and return the response with its
+    body still unread (stream it with ``aiter_raw``; always ``chat_close`` it).
+
+    ``X-Session-Id: <session_id>`` is sent when given. Raises ``httpx.TransportError`` when the
+    node cannot be reached or sends no headers within ``read_timeout`` seconds.
+    """
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+    if session_id:
+        headers["X-Session-Id"] = session_id
+    timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+    client = async_client()
+    request = client.build_request(
+        "POST", f"http://{address}/v1/chat/completions", json=payload, headers=headers,
+        timeout=timeout,
+    )
+    return await client.send(request, stream=True)
+
+
+async def chat_close(response: httpx.Response) -> None:
+    """Close a response from ``chat_open``, dropping the connection if its body is unread
+    (which is how the node learns that the client went away)."""
+    await response.aclose()

@@ -1,0 +1,190 @@
+"""The embedded array: bootstrap the inventory for one machine and supervise its processes.
+
+``manage.py bootstrap`` and ``manage.py up`` are thin wrappers over this module.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from inference import services as inference_services
+from inference.bundled import SMOLLM2_135M, ensure_bundled_model
+from inference.gguf_meta import read_gguf_info
+from inference.models import ModelPackage
+from nodes.models import Node
+from nodes.services import node_upsert
+
+BUNDLED_PACKAGE_NAME = "smollm2-135m-instruct-q4_1"
+BUNDLED_PACKAGE_VERSION = "1"
+NODE_HOST = "127.0.0.1"
+NODE_BASE_PORT = 9401
+OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """What ``array_bootstrap`` made: the package, the nodes (and their model file), the
+    operator's password when it was just created (else None) and an API token (plaintext,
+    or None when ``$PHALANX_API_TOKEN`` is in use)."""
+
+    package: ModelPackage
+    model_path: Path
+    nodes: list[Node]
+    operator_password: str | None
+    api_token: str | None
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def node_cpu(index: int) -> str:
+    """CPU list for the ``index``-th (0-based) local node: one CPU each, wrapping round."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1))
+    return str(cpus[index % len(cpus)])
+
+
+def package_register_bundled(model_path: Path) -> ModelPackage:
+    """Register the bundled GGUF as ``smollm2-135m-instruct-q4_1:1`` (idempotent), with what the
+    file says of itself (quantization, context window, chat template)."""
+    info = read_gguf_info(model_path)
+    package, _ = inference_services.package_register(
+        name=BUNDLED_PACKAGE_NAME, version=BUNDLED_PACKAGE_VERSION, gguf_path=str(model_path),
+        sha256=SMOLLM2_135M.sha256, quantization=info.quantization or "Q4_1",
+        architecture=info.architecture, context_window=info.context_window,
+        chat_template=info.chat_template,
+    )
+    return package
+
+
+def array_bootstrap(*, nodes: int, mint_token: bool = True) -> BootstrapResult:
+    """Make the embedded array's inventory (idempotent): the bundled model on disk and
+    registered, nodes ``node-01..node-NN`` at ``127.0.0.1:9401..``, one CPU each, an operator
+    superuser, and a fresh API token unless ``$PHALANX_API_TOKEN`` is set.
+
+    ``$PHALANX_OPERATOR_PASSWORD``, when set, becomes the operator's password (created or not).
+    Raises ``ValueError`` for ``nodes < 1``; download and checksum errors from
+    ``ensure_bundled_model``.
+    """
+    if nodes < 1:
+        raise ValueError("--nodes must be at least 1")
+    model_path = ensure_bundled_model(settings.MODEL_DIR)
+    with transaction.atomic():
+        package = package_register_bundled(model_path)
+        made = [
+            node_upsert(node_id=f"node-{i + 1:02d}", address=f"{NODE_HOST}:{NODE_BASE_PORT + i}",
+                        package_id=package.pk, cpu_set=node_cpu(i), threads=1)[0]
+            for i in range(nodes)
+        ]
+        password = _ensure_operator()
+        token = None
+        if mint_token and not os.environ.get(inference_services.ENV_TOKEN):
+            token = inference_services.token_create(name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}")[1]
+    return BootstrapResult(package, model_path, made, password, token)
+
+
+def _ensure_operator() -> str | None:
+    users = get_user_model()
+    wanted = os.environ.get("PHALANX_OPERATOR_PASSWORD")
+    user = users.objects.filter(username=OPERATOR).first()
+    if user is None:
+        password = wanted or secrets.token_urlsafe(12)
+        users.objects.create_superuser(OPERATOR, email="", password=password)
+        return password
+    if wanted:
+        user.set_password(wanted)
+        user.save(update_fields=["password"])
+        return wanted
+    return None
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def node_command(node: Node, *, model_path: Path, package: ModelPackage) -> list[str]:
+    """The command line that starts a local node agent for ``node``."""
+    return [
+        sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runnode",
+        "--id", node.node_id, "--listen", node.address, "--model", str(model_path),
+        "--package", package.name, "--sha256", package.sha256,
+        "--threads", str(node.threads), "--cpus", node.cpu_set or "0",
+    ]
+
+
+def control_plane_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
+    """``daphne -b HOST -p PORT console.asgi:application`` with this interpreter."""
+    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "console.asgi:application"]
+
+
+def control_loop_command() -> list[str]:
+    return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "controlloop"]
+
+
+@dataclass
+class Supervisor:
+    """Starts child processes in their own process groups and stops them all together."""
+
+    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(list(argv), cwd=settings.BASE_DIR, start_new_session=True)
+        self.children.append((name, process))
+        return process
+
+    def exited(self) -> list[tuple[str, int]]:
+        """``(name, returncode)`` of children that have exited."""
+        return [(name, p.returncode) for name, p in self.children if p.poll() is not None]
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        """SIGTERM every child (its whole group), wait up to ``timeout`` s, then SIGKILL."""
+        for _, process in self.children:
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for _, process in self.children:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait(timeout=5)
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            process.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for_port(host: str, port: int, *, timeout: float) -> bool:
+    """True once ``host:port`` accepts TCP connections, False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False

@@ -1,0 +1,42 @@
+"""``manage.py bootstrap --nodes N``: the embedded array's inventory (see ``nodes.embedded``)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.services import ENV_TOKEN
+from nodes.embedded import OPERATOR, BootstrapResult, array_bootstrap
+
+
+def describe(result: BootstrapResult) -> list[str]:
+    """Lines for the operator: package, nodes, login, token."""
+    lines = [f"package {result.package.key} ({result.package.quantization}, "
+             f"ctx {result.package.context_window}) at {result.model_path}"]
+    lines += [f"node {n.node_id} at {n.address}, cpus {n.cpu_set}" for n in result.nodes]
+    if result.operator_password:
+        lines.append(f"operator login: {OPERATOR} / {result.operator_password}")
+    else:
+        lines.append(f"operator login: {OPERATOR} (password set earlier; "
+                     f"change it with: manage.py changepassword {OPERATOR})")
+    if result.api_token:
+        lines.append(f"API token: {result.api_token}")
+    elif os.environ.get(ENV_TOKEN):
+        lines.append(f"API token: ${ENV_TOKEN} is in use")
+    return lines
+
+
+class Command(BaseCommand):
+    help = "Fetch and register the bundled model, register N local nodes, an operator and a token."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--nodes", type=int, default=2)
+
+    def handle(self, *args, **options) -> None:
+        try:
+            result = array_bootstrap(nodes=options["nodes"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        for line in describe(result):
+            self.stdout.write(line)

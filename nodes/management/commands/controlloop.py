@@ -1,0 +1,30 @@
+"""``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``)."""
+
+from __future__ import annotations
+
+import signal
+
+from django.core.management.base import BaseCommand
+
+from nodes.control import ControlLoop
+
+
+class Command(BaseCommand):
+    help = "Probe every node at the routing policy's interval; mark nodes down and up."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--once", action="store_true", help="run one tick, print it, exit")
+
+    def handle(self, *args, **options) -> None:
+        loop = ControlLoop()
+        if options["once"]:
+            report = loop.tick()
+            for node_id, status in report.statuses.items():
+                self.stdout.write(f"{node_id}: {status}")
+            for event in report.events:
+                self.stdout.write(f"{event.node.node_id}: {event.get_kind_display()} ({event.message})")
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: loop.stop())
+        self.stdout.write("control loop running")
+        loop.run()

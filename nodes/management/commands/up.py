@@ -1,0 +1,92 @@
+"""``manage.py up [--nodes 2] [--port 8000]``: run the embedded array on this machine.
+
+Migrates, bootstraps, starts the control plane (daphne), the control loop and N node agents as
+child processes, prints the console URL, operator login and API token, and on Ctrl-C or
+SIGTERM stops every child (SIGTERM, then SIGKILL after a timeout).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from nodes.embedded import (
+    Supervisor,
+    array_bootstrap,
+    control_loop_command,
+    control_plane_command,
+    node_command,
+    wait_for_port,
+)
+from nodes.management.commands.bootstrap import describe
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop()
+
+
+class Command(BaseCommand):
+    help = "Start the control plane, the control loop and N local node agents; Ctrl-C stops all."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--nodes", type=int, default=2)
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--host", default="127.0.0.1", help="control plane bind address")
+        parser.add_argument("--stop-timeout", type=float, default=10.0,
+                            help="seconds to wait after SIGTERM before SIGKILL")
+
+    def handle(self, *args, **options) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        try:
+            result = array_bootstrap(nodes=options["nodes"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        supervisor = Supervisor()
+        signal.signal(signal.SIGTERM, _raise_stop)
+        signal.signal(signal.SIGINT, _raise_stop)
+        code = 0
+        try:
+            port, host = options["port"], options["host"]
+            supervisor.start("control plane", control_plane_command(port=port, host=host))
+            supervisor.start("control loop", control_loop_command())
+            for node in result.nodes:
+                supervisor.start(node.node_id, node_command(node, model_path=result.model_path,
+                                                            package=result.package))
+            ready = wait_for_port(host, port, timeout=60)
+            for line in describe(result):
+                self.stdout.write(line)
+            self.stdout.write(f"console: http://{host}:{port}/admin/"
+                              + ("" if ready else " (not answering yet)"))
+            self.stdout.write(f"OpenAI base URL: http://{host}:{port}/v1")
+            self.stdout.write("Ctrl-C stops everything.")
+            code = self._watch(supervisor)
+        except _Stop:
+            self.stdout.write("stopping…")
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            supervisor.stop(timeout=options["stop_timeout"])
+            self.stdout.write("all processes stopped")
+        if code:
+            raise CommandError(f"a core process exited with status {code}")
+
+    def _watch(self, supervisor: Supervisor) -> int:
+        """Wait; a node that exits is reported (the control loop marks it down); the control
+        plane or control loop exiting stops the array."""
+        reported: set[str] = set()
+        while True:
+            time.sleep(0.5)
+            for name, returncode in supervisor.exited():
+                if name in reported:
+                    continue
+                reported.add(name)
+                self.stderr.write(f"{name} exited with status {returncode}")
+                if name in ("control plane", "control loop"):
+                    return returncode or 1

@@ -1,0 +1,72 @@
+"""Parse a node's Prometheus text (docs/node-protocol.md, "Metrics") into a load figure."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Samples of Prometheus text exposition, keyed ``name`` or ``name{a="x",b="y"}``.
+
+    Labels are sorted so keys are canonical; comments, blank lines and unparsable values are
+    skipped; timestamps after the value are ignored. Example:
+    ``'phalanx_node_sequences{state="active"} 2'`` -> ``{'phalanx_node_sequences{state="active"}': 2.0}``.
+    """
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name, labels, raw = match.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if labels:
+            pairs = sorted(_LABEL.findall(labels))
+            name = name + "{" + ",".join(f'{k}="{v}"' for k, v in pairs) + "}"
+        samples[name] = value
+    return samples
+
+
+def _get(samples: dict[str, float], key: str) -> float | None:
+    value = samples.get(key)
+    if value is None or math.isnan(value):
+        return None
+    return value
+
+
+def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
+    """Summarise a node's samples: ``{"load", "active", "queue", "total", "busy", "kv_used",
+    "kv_capacity"}`` (counts; ``load`` unitless).
+
+    ``load`` = (active sequences + queue depth) / configured sequences, so 0 is idle, 1 is every
+    sequence busy and above 1 means requests wait. Without ``phalanx_node_sequences_total`` it
+    falls back to ``busy + queue depth``; with neither signal it is ``None`` (unknown, which
+    routing never takes for idle).
+    """
+    active = _get(samples, 'phalanx_node_sequences{state="active"}')
+    queue = _get(samples, "phalanx_node_queue_depth")
+    total = _get(samples, "phalanx_node_sequences_total")
+    busy = _get(samples, "phalanx_node_busy")
+    load: float | None = None
+    if total and total > 0 and active is not None:
+        load = (active + (queue or 0.0)) / total
+    elif busy is not None:
+        load = busy + (queue or 0.0)
+    return {
+        "load": None if load is None else round(load, 4),
+        "active": active,
+        "queue": queue,
+        "total": total,
+        "busy": busy,
+        "kv_used": _get(samples, "phalanx_node_kv_used_tokens"),
+        "kv_capacity": _get(samples, "phalanx_node_kv_capacity_tokens"),
+    }

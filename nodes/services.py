@@ -1,0 +1,113 @@
+"""Changes to the node inventory: probe results, failures seen by the proxy, drain, register."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from nodes.client import ProbeResult
+from nodes.models import Node, NodeEvent
+
+
+def _set_state(node: Node, state: str, kind: str, message: str) -> NodeEvent:
+    node.state = state
+    return NodeEvent.objects.create(node=node, kind=kind, message=message)
+
+
+@transaction.atomic
+def node_record_probe(*, node_id: str, result: ProbeResult, failure_threshold: int) -> NodeEvent | None:
+    """Apply one health probe to the node's state; returns the event it caused, if any.
+
+    A healthy answer resets ``consecutive_failures``, stores the load summary and marks a
+    ``down``/``unknown`` node ``up`` (a ``came_back`` event when it was down). A failed probe
+    bumps the counter and clears the load; at ``failure_threshold`` consecutive failures the node
+    goes ``down`` (``went_down`` event). A draining node stays draining either way: drain is the
+    operator's intent. Raises ``Node.DoesNotExist`` for an unknown id.
+    """
+    node = Node.objects.select_for_update().get(node_id=node_id)
+    node.last_probe_at = timezone.now()
+    event = None
+    if result.ok:
+        node.consecutive_failures = 0
+        node.last_probe_error = ""
+        node.last_seen_load = result.load
+        if node.state == Node.State.DOWN:
+            event = _set_state(node, Node.State.UP, NodeEvent.Kind.CAME_BACK, "answers /health again")
+        elif node.state == Node.State.UNKNOWN:
+            node.state = Node.State.UP
+    else:
+        node.consecutive_failures += 1
+        node.last_probe_error = result.error[:255]
+        node.last_seen_load = None
+        event = _maybe_down(node, failure_threshold, f"{node.consecutive_failures} failed probes, "
+                                                     f"last: {result.error}")
+    node.save()
+    return event
+
+
+def _maybe_down(node: Node, threshold: int, message: str) -> NodeEvent | None:
+    if node.consecutive_failures >= threshold and node.state in (Node.State.UP, Node.State.UNKNOWN):
+        return _set_state(node, Node.State.DOWN, NodeEvent.Kind.WENT_DOWN, message[:1000])
+    return None
+
+
+@transaction.atomic
+def node_record_failure(*, node_id: str, reason: str, failure_threshold: int) -> NodeEvent | None:
+    """Count a request that failed on the node (refused, timed out, broke mid-stream) as a failed
+    probe, so a dead node is marked down without waiting for the control loop. Unknown ids are
+    ignored (the node may have been removed meanwhile)."""
+    node = Node.objects.select_for_update().filter(node_id=node_id).first()
+    if node is None:
+        return None
+    node.consecutive_failures += 1
+    node.last_probe_error = f"proxy: {reason}"[:255]
+    node.last_seen_load = None
+    event = _maybe_down(node, failure_threshold, f"request failed: {reason}")
+    node.save()
+    return event
+
+
+@transaction.atomic
+def node_drain(*, node_id: str) -> NodeEvent | None:
+    """Stop new sessions to the node; its pinned sessions move at their next turn."""
+    node = Node.objects.select_for_update().get(node_id=node_id)
+    if node.state == Node.State.DRAINING:
+        return None
+    event = _set_state(node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, "drained by operator")
+    node.save()
+    return event
+
+
+@transaction.atomic
+def node_undrain(*, node_id: str) -> NodeEvent | None:
+    """Let a drained node take traffic again once the control loop sees it healthy."""
+    node = Node.objects.select_for_update().get(node_id=node_id)
+    if node.state != Node.State.DRAINING:
+        return None
+    event = _set_state(node, Node.State.UNKNOWN, NodeEvent.Kind.UNDRAINED, "undrained by operator")
+    node.consecutive_failures = 0
+    node.save()
+    return event
+
+
+def node_upsert(
+    *, node_id: str, address: str, package_id: int | None, cpu_set: str = "", threads: int = 1,
+    weight: float = 1.0,
+) -> tuple[Node, bool]:
+    """Create or update a node by id (idempotent); returns ``(node, created)``.
+
+    Changing a node's address or package resets its state to ``unknown`` until the next probe.
+    """
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        node = Node.objects.create(node_id=node_id, address=address, package_id=package_id,
+                                   cpu_set=cpu_set, threads=threads, weight=weight)
+        NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
+        return node, True
+    if node.address != address or node.package_id != package_id:
+        node.state = Node.State.UNKNOWN if node.state != Node.State.DRAINING else node.state
+        node.consecutive_failures = 0
+        node.last_seen_load = None
+    node.address, node.package_id, node.cpu_set, node.threads = address, package_id, cpu_set, threads
+    node.save()
+    return node, False
