@@ -1,0 +1,91 @@
+"""Shared pieces of the benchmarks: starting servers, streaming chats, percentiles, JSON output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.processes import Proc, bundled_model_path, free_port, spawn, start_node, wait_healthy  # noqa: E402,F401
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of ``values``; 0.0 for an empty list."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class StreamResult:
+    ttft_s: float
+    total_s: float
+    tokens: int
+    text: str
+    usage: dict | None
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None) -> StreamResult:
+    """One streamed chat; counts content events as tokens (both servers send one per token)."""
+    start = time.perf_counter()
+    ttft = 0.0
+    tokens = 0
+    parts: list[str] = []
+    usage = None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
+                             headers=headers or {}) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or []:
+                content = choice.get("delta", {}).get("content")
+                if content:
+                    if not ttft:
+                        ttft = time.perf_counter() - start
+                    tokens += 1
+                    parts.append(content)
+    return StreamResult(ttft, time.perf_counter() - start, tokens, "".join(parts), usage)
+
+
+def start_llama_cpp_server(log_dir: Path, *, threads: int, n_ctx: int) -> Proc:
+    """llama-cpp-python's own OpenAI server with the bundled model (the peer)."""
+    port = free_port()
+    args = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()),
+            "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
+            "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--interrupt_requests", "False",
+            "--model_alias", "smollm2-135m-instruct-q4_1", "--verbose", "False"]
+    proc = spawn(args, log_dir / "llama_cpp_server.log")
+    proc.url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(proc.log()[-3000:])
+        try:
+            if httpx.get(f"{proc.url}/v1/models", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("llama_cpp.server did not start")
+
+
+def emit(result: dict) -> None:
+    """Print the benchmark's last line: one JSON object."""
+    print(json.dumps(result, sort_keys=True))
+
+
+def run(coro):
+    return asyncio.run(coro)

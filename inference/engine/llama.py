@@ -1,0 +1,224 @@
+"""The one seam between Phalanx and llama.cpp: thin wrappers over llama-cpp-python's C API.
+
+Everything that touches ``llama_cpp`` ctypes lives here, so the scheduler reads as plain Python
+and tests can reason about it. Calls into a ``LlamaContext`` must come from one thread (the
+engine's); ``LlamaModel`` tokenization is read-only and safe from any thread.
+
+API reference: llama.cpp ``include/llama.h`` as bound by llama-cpp-python 0.3.36.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import llama_cpp as C
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+class LlamaError(RuntimeError):
+    """llama.cpp refused an operation (load, context creation, decode, state restore)."""
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            C.llama_backend_init()
+            C.llama_log_set(_silent_log, ctypes.c_void_p(0))
+            _backend_ready = True
+
+
+@C.llama_log_callback
+def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every tensor at load; keep only errors (GGML_LOG_LEVEL_ERROR == 4).
+    if level == 4:
+        print(text.decode("utf-8", "replace"), end="", flush=True)
+
+
+class LlamaModel:
+    """A loaded GGUF model: vocabulary, tokenizer and metadata.
+
+    Raises ``LlamaError`` when the file cannot be loaded.
+    """
+
+    def __init__(self, path: str) -> None:
+        _init_backend()
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.path = path
+        self.ptr = C.llama_model_load_from_file(path.encode(), params)
+        if not self.ptr:
+            raise LlamaError(f"cannot load model {path}")
+        self.vocab = C.llama_model_get_vocab(self.ptr)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, or None when the key is absent."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", "replace")
+
+    def token_text(self, token: int) -> str:
+        return self.piece(token, special=True).decode("utf-8", "replace")
+
+    @property
+    def bos_token(self) -> str:
+        return self.token_text(C.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos_token(self) -> str:
+        return self.token_text(C.llama_vocab_eos(self.vocab))
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) are parsed."""
+        raw = text.encode("utf-8")
+        capacity = len(raw) + 8
+        buf = (C.llama_token * capacity)()
+        n = C.llama_tokenize(self.vocab, raw, len(raw), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (C.llama_token * capacity)()
+            n = C.llama_tokenize(self.vocab, raw, len(raw), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes a token stands for (possibly part of a UTF-8 character)."""
+        key = token if not special else -1 - token
+        cached = self._pieces.get(key)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        value = buf.raw[:n]
+        self._pieces[key] = value
+        return value
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of f16 K and V per token over all layers (2 * n_layer * n_embd_kv * 2)."""
+        n_layer = C.llama_model_n_layer(self.ptr)
+        n_embd = C.llama_model_n_embd(self.ptr)
+        n_head = max(1, C.llama_model_n_head(self.ptr))
+        n_head_kv = C.llama_model_n_head_kv(self.ptr) or n_head
+        return 2 * n_layer * (n_embd // n_head * n_head_kv) * 2
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    """How a context is sized: ``sequences`` sequences of ``ctx_per_seq`` tokens each."""
+
+    sequences: int
+    ctx_per_seq: int
+    n_batch: int = 512
+    threads: int = 1
+
+
+class LlamaContext:
+    """One llama.cpp context with a unified KV cache shared by several sequences."""
+
+    def __init__(self, model: LlamaModel, shape: ContextShape) -> None:
+        params = C.llama_context_default_params()
+        params.n_ctx = shape.sequences * shape.ctx_per_seq
+        params.n_batch = shape.n_batch
+        params.n_ubatch = shape.n_batch
+        params.n_seq_max = shape.sequences
+        params.n_threads = shape.threads
+        params.n_threads_batch = shape.threads
+        params.kv_unified = True
+        params.no_perf = True
+        self.model = model
+        self.shape = shape
+        self.ptr = C.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise LlamaError("cannot create llama context")
+        self.memory = C.llama_get_memory(self.ptr)
+        self.batch = TokenBatch(shape.n_batch)
+
+    def close(self) -> None:
+        self.batch.close()
+        if self.ptr:
+            C.llama_free(self.ptr)
+            self.ptr = None
+
+    def decode(self) -> None:
+        """Run the pending batch. Raises ``LlamaError`` when llama.cpp cannot place it."""
+        if self.batch.size == 0:
+            return
+        rc = C.llama_decode(self.ptr, self.batch.raw)
+        if rc != 0:
+            raise LlamaError(f"llama_decode failed with code {rc} for {self.batch.size} tokens")
+
+    def seq_truncate(self, seq_id: int, keep: int) -> None:
+        """Drop every cell of ``seq_id`` at position ``keep`` and beyond (``keep=0``: all)."""
+        C.llama_memory_seq_rm(self.memory, seq_id, keep, -1)
+
+    def clear(self) -> None:
+        """Empty the whole KV cache (every sequence)."""
+        C.llama_memory_clear(self.memory, True)
+
+    def state_export(self, seq_id: int) -> bytes:
+        """The KV state of one sequence, as llama.cpp serializes it."""
+        size = C.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return bytes(buf[:written])
+
+    def state_import(self, seq_id: int, blob: bytes) -> None:
+        """Load a state from ``state_export`` into ``seq_id`` (which is cleared first)."""
+        self.seq_truncate(seq_id, 0)
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if C.llama_state_seq_set_data(self.ptr, buf, len(blob), seq_id) == 0:
+            raise LlamaError(f"llama_state_seq_set_data refused {len(blob)} bytes")
+
+    def sample(self, sampler: C.llama_sampler_p, batch_index: int) -> int:
+        """Sample (and accept) a token from the logits at ``batch_index`` of the last decode."""
+        return C.llama_sampler_sample(sampler, self.ptr, batch_index)
+
+
+class TokenBatch:
+    """A reusable ``llama_batch`` that tokens of several sequences are appended to."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = C.llama_batch_init(capacity, 0, 1)
+        self.size = 0
+
+    def close(self) -> None:
+        C.llama_batch_free(self.raw)
+
+    @property
+    def room(self) -> int:
+        return self.capacity - self.size
+
+    def clear(self) -> None:
+        self.size = 0
+        self.raw.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_id: int, want_logits: bool) -> int:
+        """Append one token; returns its index in the batch (used to sample its logits)."""
+        i = self.size
+        raw = self.raw
+        raw.token[i] = token
+        raw.pos[i] = pos
+        raw.n_seq_id[i] = 1
+        raw.seq_id[i][0] = seq_id
+        raw.logits[i] = want_logits
+        self.size = i + 1
+        raw.n_tokens = self.size
+        return i

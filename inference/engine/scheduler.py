@@ -1,0 +1,462 @@
+"""The continuous-batching engine: one model, one context, many sessions.
+
+One thread owns the llama.cpp context and runs decode steps. Each step carries one token for
+every generating request plus prompt chunks (at most ``prefill_chunk`` tokens each, at most
+``n_batch`` tokens in all) of requests still prefilling, so a long prompt delays the others by
+at most one chunk. New requests join at the next step; finished and cancelled ones leave it.
+
+Design after llama.cpp's ``tools/server`` (slots, one shared batch per step); our own code.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
+from inference.engine.sampling import Sampler, SamplingParams
+from inference.engine.sequences import HostStore, Sequence, SequenceTable
+from inference.engine.text import TextAssembler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Node settings that size the engine. Memory: ``sequences * ctx_per_seq`` KV cells."""
+
+    model_path: str
+    sequences: int = 8
+    ctx_per_seq: int = 2048
+    n_batch: int = 512
+    prefill_chunk: int = 256
+    threads: int = 1
+    host_ram_mib: int = 256
+    max_queue: int = 64
+    prefix_reuse: bool = True
+
+
+class QueueFull(RuntimeError):
+    """The node's queue is at its bound; answer 503 with Retry-After."""
+
+
+class PromptTooLong(ValueError):
+    """Prompt plus max_tokens does not fit the per-sequence context."""
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Last event of a request. ``finish_reason``: stop, length or cancelled."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timings: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+EngineEvent = TextDelta | Finished | Failed
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation. ``sink`` receives ``EngineEvent``s on the engine thread."""
+
+    prompt: list[int]
+    params: SamplingParams
+    sink: Callable[[EngineEvent], None]
+    session_id: str | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    cancelled: bool = False
+    # Filled in by the engine.
+    seq: Sequence | None = None
+    sampler: Sampler | None = None
+    assembler: TextAssembler | None = None
+    pending: list[int] = field(default_factory=list)
+    last_token: int = -1
+    cached_tokens: int = 0
+    generated: int = 0
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.pending)
+
+
+class RateWindow:
+    """Tokens per second over the last ``seconds`` of steps."""
+
+    def __init__(self, seconds: float = 10.0) -> None:
+        self.seconds = seconds
+        self._events: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, count: int, now: float) -> None:
+        if count:
+            self._events.append((now, count))
+
+    def rate(self, now: float) -> float:
+        while self._events and self._events[0][0] < now - self.seconds:
+            self._events.popleft()
+        return sum(c for _, c in self._events) / self.seconds
+
+
+@dataclass
+class EngineStats:
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    cached_prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    restored_from_host_total: int = 0
+    cancelled_total: int = 0
+    prefill_rate: RateWindow = field(default_factory=RateWindow)
+    decode_rate: RateWindow = field(default_factory=RateWindow)
+
+
+class Engine:
+    """Owns the model and context; ``start()`` loads them on the engine thread."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model: LlamaModel | None = None
+        self.ctx: LlamaContext | None = None
+        self.table: SequenceTable | None = None
+        self.stats = EngineStats()
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self._queue: collections.deque[Request] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
+        self._active: list[Request] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.kv_bytes_per_token = 0
+
+    # Public API (any thread) ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def submit(self, request: Request) -> None:
+        """Queue a request. Raises ``PromptTooLong`` or ``QueueFull`` before anything runs."""
+        self.submit_all([request])
+
+    def submit_all(self, requests: list[Request]) -> None:
+        """Queue several requests at once, so that they join the same step (same composition)."""
+        for request in requests:
+            self._check_fits(request)
+        with self._wake:
+            if len(self._queue) + len(requests) > self.config.max_queue:
+                raise QueueFull(f"queue is full ({self.config.max_queue} waiting)")
+            self._queue.extend(requests)
+            self._wake.notify()
+
+    def _check_fits(self, request: Request) -> None:
+        limit = self.config.ctx_per_seq
+        if not request.prompt:
+            raise PromptTooLong("the prompt is empty")
+        if len(request.prompt) + request.params.max_tokens > limit:
+            raise PromptTooLong(
+                f"prompt of {len(request.prompt)} tokens plus max_tokens {request.params.max_tokens}"
+                f" exceeds the per-sequence context of {limit} tokens"
+            )
+
+    def cancel(self, request: Request) -> None:
+        with self._wake:
+            request.cancelled = True
+            self._wake.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the engine thread between two steps; its result comes in the future."""
+        future: Future = Future()
+        with self._wake:
+            self._calls.append((fn, future))
+            self._wake.notify()
+        return future
+
+    def clear_cache(self) -> Future:
+        """Forget every idle sequence's KV and the host-RAM store (busy sequences are kept)."""
+
+        def clear() -> int:
+            assert self.table is not None
+            sessions = [s.session_id for s in self.table.sequences if s.session_id and not s.busy]
+            for seq in self.table.sequences:
+                if not seq.busy:
+                    self.table.kv.seq_truncate(seq.seq_id, 0)
+                    seq.tokens.clear()
+                    seq.session_id = None
+                    seq.last_used = 0.0
+            if not any(s.busy for s in self.table.sequences):
+                self.ctx.clear()
+            self.table.host.clear()
+            return len(sessions)
+
+        return self.call(clear)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    # Engine thread ------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        cfg = self.config
+        self.model = LlamaModel(cfg.model_path)
+        shape = ContextShape(cfg.sequences, cfg.ctx_per_seq, cfg.n_batch, cfg.threads)
+        self.ctx = LlamaContext(self.model, shape)
+        host = HostStore(cfg.host_ram_mib * 1024 * 1024)
+        self.table = SequenceTable(self.ctx, cfg.sequences, host, prefix_reuse=cfg.prefix_reuse)
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token()
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except Exception as exc:  # noqa: BLE001 - reported on /health
+            self.load_error = str(exc)
+            log.exception("engine failed to load")
+            return
+        self.ready.set()
+        while True:
+            with self._wake:
+                while not (self._stopping or self._calls or self._queue or self._active):
+                    self._wake.wait()
+                if self._stopping:
+                    break
+            self._run_calls()
+            self._drop_cancelled()
+            self._admit()
+            if self._active:
+                self._step()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        for req in list(self._active):
+            self._finish(req, "cancelled")
+        if self.ctx:
+            self.ctx.close()
+        if self.model:
+            self.model.close()
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            with self._wake:
+                fn, future = self._calls.popleft()
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+    def _drop_cancelled(self) -> None:
+        with self._wake:
+            for req in [r for r in self._queue if r.cancelled]:
+                self._queue.remove(req)
+                self.stats.cancelled_total += 1
+        for req in [r for r in self._active if r.cancelled]:
+            self.stats.cancelled_total += 1
+            self._finish(req, "cancelled")
+
+    def _admit(self) -> None:
+        assert self.table is not None
+        with self._wake:
+            waiting = list(self._queue)
+        for req in waiting:
+            if self.table.is_busy(req.session_id):
+                continue  # a session's turns run one at a time, in order
+            assignment = self.table.acquire(req.session_id, req.prompt)
+            if assignment is None:
+                break  # every sequence is busy
+            with self._wake:
+                self._queue.remove(req)
+            self._start(req, assignment.sequence, assignment.cached_tokens)
+            if assignment.restored_from_host:
+                self.stats.restored_from_host_total += 1
+
+    def _start(self, req: Request, seq: Sequence, cached: int) -> None:
+        assert self.model is not None and self.table is not None
+        req.seq = seq
+        req.cached_tokens = cached
+        req.pending = req.prompt[cached:]
+        req.admitted_at = time.perf_counter()
+        req.assembler = TextAssembler(stops=req.params.stop)
+        try:
+            req.sampler = Sampler(self.model, req.params)
+        except LlamaError as exc:
+            self.table.release(seq)
+            req.sink(Failed(str(exc)))
+            return
+        self.stats.requests_total += 1
+        self.stats.prompt_tokens_total += len(req.prompt)
+        self.stats.cached_prompt_tokens_total += cached
+        self._active.append(req)
+
+    def _step(self) -> None:
+        assert self.ctx is not None
+        batch = self.ctx.batch
+        batch.clear()
+        to_sample: list[tuple[Request, int]] = []
+        decoding = [r for r in self._active if not r.prefilling]
+        for req in decoding:
+            seq = req.seq
+            to_sample.append((req, batch.add(req.last_token, len(seq.tokens), seq.seq_id, True)))
+        chunks = self._add_prefill_chunks(to_sample)
+        try:
+            self.ctx.decode()
+        except LlamaError as exc:
+            for req in list(self._active):
+                req.sink(Failed(str(exc)))
+                self._finish(req, "error", notify=False)
+            return
+        now = time.perf_counter()
+        for req in decoding:
+            req.seq.tokens.append(req.last_token)
+        for req, chunk in chunks:
+            req.seq.tokens.extend(chunk)
+        self.stats.prefill_rate.add(sum(len(c) for _, c in chunks), now)
+        self.stats.decode_rate.add(len(decoding), now)
+        for req, index in to_sample:
+            self._on_token(req, self.ctx.sample(req.sampler.ptr, index))
+
+    def _add_prefill_chunks(self, to_sample: list[tuple[Request, int]]) -> list[tuple[Request, list[int]]]:
+        """Append prompt chunks to the batch, oldest request first; returns what was added."""
+        batch = self.ctx.batch
+        added = []
+        for req in [r for r in self._active if r.prefilling]:
+            take = min(batch.room, self.config.prefill_chunk, len(req.pending))
+            if take <= 0:
+                break
+            chunk, req.pending = req.pending[:take], req.pending[take:]
+            start = len(req.seq.tokens)
+            for offset, token in enumerate(chunk):
+                is_last = not req.pending and offset == take - 1
+                index = batch.add(token, start + offset, req.seq.seq_id, is_last)
+            if not req.pending:
+                to_sample.append((req, index))
+            added.append((req, chunk))
+        return added
+
+    def _on_token(self, req: Request, token: int) -> None:
+        assert self.model is not None
+        if not req.first_token_at:
+            req.first_token_at = time.perf_counter()
+        if self.model.is_eog(token):
+            self._finish(req, "stop")
+            return
+        req.generated += 1
+        self.stats.generated_tokens_total += 1
+        delta = req.assembler.push(self.model.piece(token))
+        if delta:
+            req.sink(TextDelta(delta))
+        if req.assembler.stopped:
+            self._finish(req, "stop")
+        elif req.generated >= req.params.max_tokens or len(req.seq.tokens) + 1 >= self.config.ctx_per_seq:
+            self._finish(req, "length")
+        else:
+            req.last_token = token
+
+    def _finish(self, req: Request, reason: str, *, notify: bool = True) -> None:
+        tail = req.assembler.finish() if req.assembler else ""
+        if tail and notify and reason != "cancelled":
+            req.sink(TextDelta(tail))
+        if req.sampler:
+            req.sampler.close()
+        if req.seq is not None:
+            self.table.release(req.seq)
+        if req in self._active:
+            self._active.remove(req)
+        if notify:
+            req.sink(self._finished_event(req, reason))
+
+    def _finished_event(self, req: Request, reason: str) -> Finished:
+        end = time.perf_counter()
+        first = req.first_token_at or end
+        decode_s = end - first
+        timings = {
+            "queue_ms": round((req.admitted_at - req.enqueued_at) * 1000, 2),
+            "prompt_tokens": len(req.prompt),
+            "cached_tokens": req.cached_tokens,
+            "prefill_tokens": len(req.prompt) - req.cached_tokens,
+            "ttft_ms": round((first - req.enqueued_at) * 1000, 2),
+            "decode_tokens_per_s": round((req.generated - 1) / decode_s, 2) if req.generated > 1 and decode_s > 0 else 0.0,
+            "total_ms": round((end - req.enqueued_at) * 1000, 2),
+        }
+        return Finished(
+            text=req.assembler.text if req.assembler else "",
+            finish_reason=reason,
+            prompt_tokens=len(req.prompt),
+            cached_tokens=req.cached_tokens,
+            completion_tokens=req.generated,
+            timings=timings,
+        )
+
+    # Snapshot for /metrics and /slots (read from other threads; plain ints) -------------
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.perf_counter()
+        table = self.table
+        seqs = table.sequences if table else []
+        active = sum(1 for s in seqs if s.busy)
+        idle = sum(1 for s in seqs if not s.busy and s.session_id is not None)
+        kv_tokens = sum(len(s.tokens) for s in seqs)
+        s = self.stats
+        return {
+            "ready": self.ready.is_set(),
+            "requests_total": s.requests_total,
+            "prompt_tokens_total": s.prompt_tokens_total,
+            "cached_prompt_tokens_total": s.cached_prompt_tokens_total,
+            "generated_tokens_total": s.generated_tokens_total,
+            "restored_from_host_total": s.restored_from_host_total,
+            "cancelled_total": s.cancelled_total,
+            "busy": 1 if self._active else 0,
+            "sequences_total": self.config.sequences,
+            "sequences_active": active,
+            "sequences_idle": idle,
+            "sequences_host": len(table.host) if table else 0,
+            "queue_depth": len(self._queue),
+            "kv_used_tokens": kv_tokens,
+            "kv_used_bytes": kv_tokens * self.kv_bytes_per_token,
+            "kv_capacity_tokens": self.config.sequences * self.config.ctx_per_seq,
+            "host_ram_bytes": table.host.used_bytes if table else 0,
+            "host_ram_budget_bytes": self.config.host_ram_mib * 1024 * 1024,
+            "reused_token_ratio": (s.cached_prompt_tokens_total / s.prompt_tokens_total) if s.prompt_tokens_total else 0.0,
+            "prefill_tokens_per_second": s.prefill_rate.rate(now),
+            "decode_tokens_per_second": s.decode_rate.rate(now),
+        }
+
+    def slots(self) -> list[dict[str, Any]]:
+        if not self.table:
+            return []
+        return [
+            {"id": s.seq_id, "state": "active" if s.busy else ("idle" if s.session_id else "free"),
+             "session_id": s.session_id, "n_tokens": len(s.tokens)}
+            for s in self.table.sequences
+        ]

@@ -1,0 +1,232 @@
+"""The node agent's HTTP API (an ASGI application): see docs/node-protocol.md."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from inference.engine.scheduler import Engine, Failed, Finished, QueueFull, TextDelta
+from inference.engine.sequences import SessionBusy, pack_state, unpack_state
+from nodes.agent.asgi_io import (
+    SSE_DONE,
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Send,
+    error_body,
+    header,
+    read_body,
+    send_bytes,
+    send_json,
+    send_start,
+    sse,
+    watch_disconnect,
+)
+from nodes.agent.chat_request import BadRequest, parse_chat_request
+from nodes.agent.completions import ChatService, CompletionShaper, Generation, collect
+from nodes.agent.metrics import prometheus_text
+
+JSON_LIMIT = 8 << 20
+STATE_LIMIT = 1 << 30
+RETRY_AFTER_S = "1"
+SESSION_PATH = re.compile(r"^/sessions/(?P<sid>[^/]{1,200})(?P<state>/state)?/?$")
+
+
+@dataclass
+class NodeIdentity:
+    node_id: str
+    package: str
+    model_sha256: str = ""
+
+
+class NodeApp:
+    """Routes requests to the engine. ``service`` is set once the engine has loaded."""
+
+    def __init__(self, identity: NodeIdentity, engine: Engine, service_factory) -> None:
+        self.identity = identity
+        self.engine = engine
+        self._service_factory = service_factory
+        self._service: ChatService | None = None
+
+    @property
+    def service(self) -> ChatService | None:
+        if self._service is None and self.engine.ready.is_set():
+            self._service = self._service_factory(self.engine)
+        return self._service
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-phalanx-node": self.identity.node_id}
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._route(scope, receive, send)
+        except ClientGone:
+            return
+
+    async def _route(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        if path == "/health":
+            return await self._health(send)
+        if path == "/metrics":
+            body = prometheus_text(self.identity.node_id, self.engine.snapshot()).encode()
+            return await send_bytes(send, 200, body, "text/plain; version=0.0.4", self.headers)
+        if path == "/slots":
+            return await send_json(send, 200, self.engine.slots(), self.headers)
+        if path == "/v1/models":
+            return await send_json(send, 200, self._models(), self.headers)
+        if path == "/v1/chat/completions":
+            if method != "POST":
+                return await self._error(send, 405, "use POST", code="method_not_allowed")
+            return await self._chat(scope, receive, send)
+        match = SESSION_PATH.match(path)
+        if match:
+            return await self._session(method, match["sid"], bool(match["state"]), receive, send)
+        return await self._error(send, 404, f"no such endpoint: {method} {path}", code="not_found")
+
+    async def _error(self, send: Send, status: int, message: str, *, code: str, param: str | None = None,
+                     retry: bool = False) -> None:
+        extra = {**self.headers, **({"retry-after": RETRY_AFTER_S} if retry else {})}
+        kind = "invalid_request_error" if status < 500 else "overloaded_error"
+        await send_json(send, status, error_body(message, kind=kind, code=code, param=param), extra)
+
+    async def _health(self, send: Send) -> None:
+        if self.engine.load_error:
+            return await send_json(send, 500, {"status": "error", "error": self.engine.load_error}, self.headers)
+        if not self.engine.ready.is_set():
+            return await send_json(send, 503, {"status": "loading"}, {**self.headers, "retry-after": RETRY_AFTER_S})
+        snap = self.engine.snapshot()
+        return await send_json(send, 200, {
+            "status": "ok", "node": self.identity.node_id, "model": self.identity.package,
+            "sequences_active": snap["sequences_active"], "queue_depth": snap["queue_depth"],
+        }, self.headers)
+
+    def _models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": self.identity.package, "object": "model", "owned_by": self.identity.node_id}]}
+
+    # Chat -------------------------------------------------------------------------------
+
+    async def _chat(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        try:
+            raw = await read_body(receive, JSON_LIMIT)
+        except BodyTooLarge as exc:
+            return await self._error(send, 413, str(exc), code="body_too_large")
+        service = self.service
+        if service is None:
+            return await self._error(send, 503, "the model is still loading", code="loading", retry=True)
+        try:
+            chat = parse_chat_request(json.loads(raw))
+            if chat.model and chat.model != self.identity.package:
+                raise BadRequest(f"model {chat.model!r} is not served by this node "
+                                 f"(it serves {self.identity.package!r})", param="model", code="model_not_found")
+            generation = service.start(chat, session_id=header(scope, "x-session-id"))
+        except json.JSONDecodeError as exc:
+            return await self._error(send, 400, f"the body is not valid JSON: {exc}", code="invalid_json")
+        except BadRequest as exc:
+            status = 404 if exc.code == "model_not_found" else 400
+            return await self._error(send, status, str(exc), code=exc.code, param=exc.param)
+        except QueueFull as exc:
+            return await self._error(send, 503, str(exc), code="queue_full", retry=True)
+        watcher = watch_disconnect(receive, lambda: self.engine.cancel(generation.request))
+        try:
+            if chat.stream:
+                await self._stream(generation, send)
+            else:
+                await self._complete(generation, send)
+        finally:
+            watcher.cancel()
+            self.engine.cancel(generation.request)  # no-op when finished; frees it otherwise
+
+    def _shaper(self, generation: Generation) -> CompletionShaper:
+        return CompletionShaper(model=self.identity.package, node_id=self.identity.node_id,
+                                tools=generation.chat.tool_mode is not None)
+
+    async def _complete(self, generation: Generation, send: Send) -> None:
+        result = await collect(generation)
+        if isinstance(result, Failed):
+            return await self._error(send, 500, result.message, code="engine_error")
+        await send_json(send, 200, self._shaper(generation).completion(result), self.headers)
+
+    async def _stream(self, generation: Generation, send: Send) -> None:
+        shaper = self._shaper(generation)
+        await send_start(send, 200, "text/event-stream", {**self.headers, "cache-control": "no-cache"})
+
+        async def emit(payload: bytes) -> None:
+            await send({"type": "http.response.body", "body": payload, "more_body": True})
+
+        await emit(sse(shaper.first_chunk()))
+        while True:
+            event = await generation.events.get()
+            if isinstance(event, TextDelta):
+                for chunk in shaper.delta_chunks(event):
+                    await emit(sse(chunk))
+            elif isinstance(event, Finished):
+                for chunk in shaper.final_chunks(event):
+                    await emit(sse(chunk))
+                break
+            elif isinstance(event, Failed):
+                await emit(sse(error_body(event.message, kind="server_error", code="engine_error")))
+                break
+        await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+
+    # Sessions ---------------------------------------------------------------------------
+
+    async def _session(self, method: str, session_id: str, state: bool, receive: Receive, send: Send) -> None:
+        if not self.engine.ready.is_set():
+            return await self._error(send, 503, "the model is still loading", code="loading", retry=True)
+        table = self.engine.table
+        try:
+            if method == "GET" and not state:
+                where = await self._on_engine(lambda: table.locate(session_id, self.engine.kv_bytes_per_token))
+                if where is None:
+                    return await self._error(send, 404, f"no KV held for session {session_id!r}", code="unknown_session")
+                return await send_json(send, 200, {"session_id": session_id, **where}, self.headers)
+            if method == "GET" and state:
+                entry = await self._on_engine(lambda: table.export(session_id))
+                if entry is None:
+                    return await self._error(send, 404, f"no KV held for session {session_id!r}", code="unknown_session")
+                blob = pack_state(entry, model_sha256=self.identity.model_sha256)
+                return await send_bytes(send, 200, blob, "application/octet-stream", self.headers)
+            if method == "PUT" and state:
+                return await self._import(session_id, receive, send)
+            if method == "DELETE" and not state:
+                found = await self._on_engine(lambda: table.erase(session_id))
+                return await send_json(send, 200, {"session_id": session_id, "erased": found}, self.headers)
+        except SessionBusy:
+            return await self._error(send, 409, f"session {session_id!r} has a request in flight", code="session_busy")
+        return await self._error(send, 405, f"{method} is not allowed here", code="method_not_allowed")
+
+    async def _import(self, session_id: str, receive: Receive, send: Send) -> None:
+        try:
+            entry, sha = unpack_state(await read_body(receive, STATE_LIMIT))
+        except (ValueError, BodyTooLarge) as exc:
+            return await self._error(send, 400, str(exc), code="invalid_state")
+        if sha and self.identity.model_sha256 and sha != self.identity.model_sha256:
+            return await self._error(send, 409, "state was exported from another model", code="model_mismatch")
+        kept = await self._on_engine(lambda: self.engine.table.import_(session_id, entry))
+        if not kept:
+            return await self._error(send, 507, "state exceeds the host RAM budget", code="over_budget")
+        return await send_json(send, 200, {"session_id": session_id, "where": "host",
+                                           "tokens": len(entry.tokens), "bytes": len(entry.blob)}, self.headers)
+
+    async def _on_engine(self, fn):
+        return await asyncio.wrap_future(self.engine.call(fn))
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

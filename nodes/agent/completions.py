@@ -1,0 +1,180 @@
+"""Chat completions on a node: prompt building, engine submission and OpenAI-shaped output.
+
+``ChatService.start`` turns a validated ``ChatRequest`` into an engine ``Request`` whose events
+arrive on an asyncio queue; ``CompletionShaper`` turns those events into OpenAI chunks (with
+tool calls buffered and emitted as ``tool_calls`` deltas) or one ``chat.completion`` object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.engine.prompt import (
+    TOOL_OPEN,
+    ChatFormatter,
+    TemplateError,
+    parse_tool_call,
+    response_format_grammar,
+    tool_grammar,
+)
+from inference.engine.sampling import SamplingParams
+from inference.engine.scheduler import Engine, EngineEvent, Failed, Finished, PromptTooLong, Request, TextDelta
+from nodes.agent.chat_request import BadRequest, ChatRequest
+
+DEFAULT_MAX_TOKENS = 1024
+
+
+@dataclass
+class Generation:
+    """A submitted request and the queue its events arrive on."""
+
+    request: Request
+    events: asyncio.Queue[EngineEvent]
+    chat: ChatRequest
+
+
+class ChatService:
+    """Builds prompts with the model's template and submits them to the engine."""
+
+    def __init__(self, engine: Engine, formatter: ChatFormatter) -> None:
+        self.engine = engine
+        self.formatter = formatter
+
+    def start(self, chat: ChatRequest, *, session_id: str | None) -> Generation:
+        """Submit ``chat``. Raises ``BadRequest`` (template, context overflow) or ``QueueFull``."""
+        model = self.engine.model
+        assert model is not None
+        try:
+            text = self.formatter.render(chat.messages, chat.tool_mode)
+        except TemplateError as exc:
+            raise BadRequest(str(exc), param="messages") from exc
+        prompt = model.tokenize(text, add_special=model.add_bos)
+        room = self.engine.config.ctx_per_seq - len(prompt)
+        if room < 1:
+            raise BadRequest(
+                f"prompt of {len(prompt)} tokens does not fit the per-sequence context of "
+                f"{self.engine.config.ctx_per_seq} tokens", param="messages", code="context_length_exceeded")
+        max_tokens = chat.max_tokens if chat.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+        params = _sampling_params(chat, max_tokens)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        request = Request(
+            prompt=prompt, params=params, session_id=session_id,
+            sink=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+        )
+        try:
+            self.engine.submit(request)
+        except PromptTooLong as exc:
+            raise BadRequest(str(exc), param="max_tokens", code="context_length_exceeded") from exc
+        return Generation(request=request, events=events, chat=chat)
+
+
+def _sampling_params(chat: ChatRequest, max_tokens: int) -> SamplingParams:
+    grammar = tool_grammar(chat.tool_mode) if chat.tool_mode else response_format_grammar(chat.response_format)
+    extra = {"seed": chat.seed} if chat.seed is not None else {}
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=chat.temperature, top_p=chat.top_p, top_k=chat.top_k,
+        min_p=chat.min_p, repeat_penalty=chat.repeat_penalty, frequency_penalty=chat.frequency_penalty,
+        presence_penalty=chat.presence_penalty, stop=chat.stop, grammar=grammar, **extra,
+    )
+
+
+def _usage(done: Finished) -> dict[str, Any]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
+
+
+def _tool_calls(text: str) -> list[dict[str, Any]] | None:
+    call = parse_tool_call(text)
+    if call is None:
+        return None
+    return [{
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))},
+    }]
+
+
+@dataclass
+class CompletionShaper:
+    """OpenAI-shaped output for one generation; ``model`` is the package name."""
+
+    model: str
+    node_id: str
+    tools: bool = False
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+    _held: str = ""
+    _mode: str = "undecided"  # "text" or "tool" once the first character is known
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "system_fingerprint": self.node_id,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+
+    def first_chunk(self) -> dict[str, Any]:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def delta_chunks(self, delta: TextDelta) -> list[dict[str, Any]]:
+        """Chunks for a text delta; in tool mode a call is held back until it is complete."""
+        if not self.tools or self._mode == "text":
+            return [self._chunk({"content": delta.text})]
+        self._held += delta.text
+        if self._mode == "undecided" and self._held:
+            self._mode = "tool" if self._held.startswith(TOOL_OPEN[0]) else "text"
+            if self._mode == "text":
+                held, self._held = self._held, ""
+                return [self._chunk({"content": held})]
+        return []
+
+    def final_chunks(self, done: Finished) -> list[dict[str, Any]]:
+        chunks = []
+        reason = done.finish_reason
+        if self._held:
+            calls = _tool_calls(self._held)
+            if calls:
+                reason = "tool_calls"
+                call = calls[0]
+                chunks.append(self._chunk({"tool_calls": [{
+                    "index": 0, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+                chunks.append(self._chunk({"tool_calls": [{
+                    "index": 0, "function": {"arguments": call["function"]["arguments"]}}]}))
+            else:
+                chunks.append(self._chunk({"content": self._held}))
+        chunks.append(self._chunk({}, finish_reason=reason))
+        usage = {**self._chunk({}), "choices": [], "usage": _usage(done), "timings": done.timings}
+        chunks.append(usage)
+        return chunks
+
+    def completion(self, done: Finished) -> dict[str, Any]:
+        calls = _tool_calls(done.text) if self.tools else None
+        message: dict[str, Any] = {"role": "assistant", "content": None if calls else done.text}
+        if calls:
+            message["tool_calls"] = calls
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "system_fingerprint": self.node_id,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if calls else done.finish_reason}],
+            "usage": _usage(done), "timings": done.timings,
+        }
+
+
+async def collect(generation: Generation) -> Finished | Failed:
+    """Wait for the last event of a generation (text deltas are already in ``Finished.text``)."""
+    while True:
+        event = await generation.events.get()
+        if isinstance(event, (Finished, Failed)):
+            return event

@@ -1,0 +1,70 @@
+"""``manage.py runnode``: one node agent serving one model package over HTTP (daphne)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.engine.scheduler import Engine, EngineConfig
+from nodes.agent.app import NodeApp, NodeIdentity
+from nodes.agent.factory import chat_service_for
+
+
+def parse_cpu_set(text: str) -> set[int]:
+    """``"0-3,6"`` -> ``{0, 1, 2, 3, 6}``. Raises ``ValueError`` on bad syntax."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    if not cpus:
+        raise ValueError(f"empty CPU set {text!r}")
+    return cpus
+
+
+class Command(BaseCommand):
+    help = "Run a node agent: load a GGUF package into the engine and serve the node protocol."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--id", required=True, help="node id, e.g. node-01")
+        parser.add_argument("--listen", default="127.0.0.1:9401", help="host:port")
+        parser.add_argument("--model", required=True, help="path of the GGUF file")
+        parser.add_argument("--package", default=None, help="package name clients ask for")
+        parser.add_argument("--sha256", default="", help="sha256 of the GGUF (stamped on exported state)")
+        parser.add_argument("--threads", type=int, default=1)
+        parser.add_argument("--cpus", default=None, help="CPU list to pin to, e.g. 0 or 0-3")
+        parser.add_argument("--sequences", type=int, default=8)
+        parser.add_argument("--ctx-per-seq", type=int, default=2048)
+        parser.add_argument("--n-batch", type=int, default=512)
+        parser.add_argument("--prefill-chunk", type=int, default=256)
+        parser.add_argument("--host-ram-mib", type=int, default=256)
+        parser.add_argument("--max-queue", type=int, default=64)
+        parser.add_argument("--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)")
+
+    def handle(self, *args, **o) -> None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+
+        host, _, port = o["listen"].rpartition(":")
+        if not host or not port.isdigit():
+            raise CommandError(f"--listen must be host:port, got {o['listen']!r}")
+        if not os.path.exists(o["model"]):
+            raise CommandError(f"model file not found: {o['model']}")
+        if o["cpus"]:
+            os.sched_setaffinity(0, parse_cpu_set(o["cpus"]))
+        config = EngineConfig(
+            model_path=o["model"], sequences=o["sequences"], ctx_per_seq=o["ctx_per_seq"],
+            n_batch=o["n_batch"], prefill_chunk=o["prefill_chunk"], threads=o["threads"],
+            host_ram_mib=o["host_ram_mib"], max_queue=o["max_queue"], prefix_reuse=not o["no_prefix_reuse"],
+        )
+        package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
+        engine = Engine(config)
+        engine.start()
+        app = NodeApp(NodeIdentity(o["id"], package, o["sha256"]), engine, chat_service_for)
+        self.stdout.write(f"node {o['id']} serving {package} on http://{host}:{port}", ending="\n")
+        self.stdout.flush()
+        try:
+            Server(application=app, endpoints=build_endpoint_description_strings(host=host, port=int(port)),
+                   verbosity=0, action_logger=None).run()
+        finally:
+            engine.stop()

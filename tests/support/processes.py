@@ -1,0 +1,87 @@
+"""Real processes on loopback for integration tests and benchmarks: node agents and friends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def bundled_model_path() -> Path:
+    from inference.bundled import ensure_bundled_model
+
+    return ensure_bundled_model(REPO / "var" / "models")
+
+
+@dataclass
+class Proc:
+    """A child process with its log file; ``stop()`` terminates it (then kills)."""
+
+    popen: subprocess.Popen
+    log_path: Path
+    url: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Proc:
+    log = open(log_path, "wb")
+    popen = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, **(env or {})}, start_new_session=True)
+    return Proc(popen=popen, log_path=log_path)
+
+
+def wait_healthy(url: str, proc: Proc | None = None, timeout: float = 90.0) -> None:
+    """Poll ``url/health`` until 200. Raises ``RuntimeError`` with the process log on failure."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.popen.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not healthy after {timeout}s:\n{proc.log()[-3000:] if proc else ''}")
+
+
+def start_node(node_id: str, log_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+               threads: int = 1, cpus: str | None = None, extra_args: list[str] | None = None,
+               wait: bool = True) -> Proc:
+    """Start ``manage.py runnode`` with the bundled model; returns when it is healthy."""
+    port = port or free_port(host)
+    args = [sys.executable, "manage.py", "runnode", "--id", node_id, "--listen", f"{host}:{port}",
+            "--model", str(bundled_model_path()), "--package", "smollm2-135m-instruct-q4_1",
+            "--threads", str(threads), *(["--cpus", cpus] if cpus else []), *(extra_args or [])]
+    proc = spawn(args, log_dir / f"{node_id}.log")
+    proc.url = f"http://{host}:{port}"
+    if wait:
+        wait_healthy(proc.url, proc)
+    return proc
