@@ -1,0 +1,164 @@
+"""A tiny fake node agent for control-plane tests: speaks enough of docs/node-protocol.md.
+
+Runs a threaded HTTP/1.1 server on a free loopback port. Streams are sent chunked, so closing the
+socket mid-way looks like a broken stream to the client. Every chat request is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class FakeNode:
+    node_id: str
+    tokens: list[str] = field(default_factory=lambda: ["Hel", "lo", "!"])
+    token_delay: float = 0.0
+    health_status: int = 200
+    chat_status: int = 200
+    break_after: int | None = None  # close the socket after this many tokens
+    metrics_text: str = (
+        'phalanx_node_busy 0\nphalanx_node_sequences{state="active"} 1\n'
+        "phalanx_node_sequences_total 4\nphalanx_node_queue_depth 1\n"
+    )
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    disconnects: int = 0
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> FakeNode:
+        node = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("X-Phalanx-Node", node.node_id)
+                if status == 503:
+                    self.send_header("Retry-After", "1")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    status = "ok" if node.health_status == 200 else "loading"
+                    self._json(node.health_status, {"status": status, "node": node.node_id})
+                elif self.path == "/metrics":
+                    data = node.metrics_text.encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                else:
+                    self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                node.requests.append({"body": body, "session": self.headers.get("X-Session-Id")})
+                if node.chat_status != 200:
+                    self._json(node.chat_status, {"error": {"message": "busy", "type": "x",
+                                                            "code": "queue_full"}})
+                    return
+                if body.get("stream"):
+                    self._stream()
+                else:
+                    self._json(200, _completion(node, "".join(node.tokens)))
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _stream(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("X-Phalanx-Node", node.node_id)
+                self.end_headers()
+                try:
+                    for i, token in enumerate(node.tokens):
+                        if node.break_after is not None and i >= node.break_after:
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            self.close_connection = True
+                            return
+                        time.sleep(node.token_delay)
+                        chunk = {"object": "chat.completion.chunk",
+                                 "choices": [{"index": 0, "delta": {"content": token},
+                                              "finish_reason": None}]}
+                        self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                    last = {"object": "chat.completion.chunk", "choices": [],
+                            "usage": _usage(node), "timings": {"ttft_ms": 1.0}}
+                    stop = {"object": "chat.completion.chunk",
+                            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+                    self._chunk(f"data: {json.dumps(stop)}\n\n".encode())
+                    self._chunk(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    node.disconnects += 1
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _usage(node: FakeNode) -> dict[str, Any]:
+    return {"prompt_tokens": 10, "completion_tokens": len(node.tokens), "total_tokens": 13,
+            "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def _completion(node: FakeNode, text: str) -> dict[str, Any]:
+    return {"id": "chatcmpl-fake", "object": "chat.completion", "model": "fake",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": _usage(node), "timings": {"ttft_ms": 1.0}}
+
+
+def refused_address() -> str:
+    """A loopback address where nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+class HungListener:
+    """A socket that accepts connections into its backlog and never answers: a stopped node."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+
+    @property
+    def address(self) -> str:
+        return "127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        self.sock.close()

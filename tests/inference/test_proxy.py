@@ -1,0 +1,258 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient
+
+from inference.models import ApiToken, SessionRoute
+from nodes.models import Node
+from tests.fakenode import refused_address
+from tests.inference.conftest import MODEL
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT = "/v1/chat/completions"
+
+
+def body(**extra) -> str:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra})
+
+
+async def post(client: AsyncClient, data: str, headers: dict[str, str]):
+    return await client.post(CHAT, data, content_type="application/json", headers=headers)
+
+
+async def read_stream(response) -> bytes:
+    return b"".join([chunk async for chunk in response.streaming_content])
+
+
+def error_of(response) -> dict:
+    return json.loads(response.content)["error"]
+
+
+async def test_it_rejects_a_missing_token(fakes):
+    response = await post(AsyncClient(), body(), {})
+    assert response.status_code == 401
+    assert "Missing API token" in error_of(response)["message"]
+
+
+async def test_it_rejects_a_wrong_token(fakes):
+    response = await post(AsyncClient(), body(), {"Authorization": "Bearer nope"})
+    assert response.status_code == 401
+    assert error_of(response)["type"] == "authentication_error"
+
+
+async def test_it_rejects_a_revoked_token(fakes, token, auth):
+    await sync_to_async(ApiToken.objects.update)(revoked=True)
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 401
+    assert "revoked" in error_of(response)["message"]
+
+
+async def test_it_accepts_the_environment_token(fakes, monkeypatch):
+    monkeypatch.setenv("PHALANX_API_TOKEN", "env-secret")
+    response = await post(AsyncClient(), body(), {"Authorization": "Bearer env-secret"})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "needle"),
+    [
+        ("{not json", 400, "not valid JSON"),
+        ("[1, 2]", 400, "JSON object"),
+        (json.dumps({"model": MODEL}), 400, "'messages' is required"),
+        (json.dumps({"model": MODEL, "messages": []}), 400, "must not be empty"),
+        (json.dumps({"model": MODEL, "messages": "hi"}), 400, "must be a list"),
+        (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": 5}]}), 400,
+         "messages[0].content"),
+        (json.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}), 400,
+         "messages[0].role"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}]}), 400, "'model' is required"),
+        (body(max_tokens="ten"), 400, "'max_tokens'"),
+        (body(stream="yes"), 400, "'stream'"),
+        (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}), 404,
+         "'gpt-9'"),
+    ],
+)
+async def test_it_names_the_problem_with_bad_input(fakes, auth, data, status, needle):
+    response = await post(AsyncClient(), data, auth)
+    assert response.status_code == status
+    assert needle in error_of(response)["message"]
+
+
+async def test_it_answers_405_for_get_on_chat(fakes, auth):
+    response = await AsyncClient().get(CHAT, headers=auth)
+    assert response.status_code == 405
+
+
+async def test_it_proxies_a_completion_and_names_the_node(fakes, auth):
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 200
+    node = response["X-Phalanx-Node"]
+    assert node in fakes
+    assert json.loads(response.content)["choices"][0]["message"]["content"] == "Hello!"
+    assert fakes[node].requests[0]["body"]["model"] == MODEL
+
+
+async def test_it_pins_a_session_and_forwards_its_key(fakes, auth):
+    client = AsyncClient()
+    headers = {**auth, "X-Session-Id": "sess-1"}
+    first = await post(client, body(), headers)
+    second = await post(client, body(), headers)
+    assert first["X-Phalanx-Node"] == second["X-Phalanx-Node"]
+    node = fakes[first["X-Phalanx-Node"]]
+    assert [r["session"] for r in node.requests] == ["sess-1", "sess-1"]
+    route = await SessionRoute.objects.select_related("node").aget(session_id="sess-1")
+    assert route.node.node_id == first["X-Phalanx-Node"]
+    assert route.turns == 2
+    decisions = [d.reason async for d in route.decisions.all()]
+    assert len(decisions) == 1 and decisions[0].startswith("placed on ")
+
+
+async def test_it_accepts_a_session_header_alias(fakes, auth):
+    await post(AsyncClient(), body(), {**auth, "X-Session-Affinity": "alias-1"})
+    assert await SessionRoute.objects.filter(session_id="alias-1").aexists()
+
+
+async def test_it_spreads_new_sessions_over_idle_nodes(fakes, auth):
+    client = AsyncClient()
+    nodes = {(await post(client, body(), {**auth, "X-Session-Id": f"s{i}"}))["X-Phalanx-Node"]
+             for i in range(4)}
+    assert nodes == {"node-01", "node-02"}
+
+
+async def test_it_does_not_pin_requests_without_a_session_key(fakes, auth):
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 200
+    assert not await SessionRoute.objects.aexists()
+    assert fakes[response["X-Phalanx-Node"]].requests[0]["session"] is None
+
+
+async def test_it_streams_sse_through(fakes, auth):
+    response = await post(AsyncClient(), body(stream=True), {**auth, "X-Session-Id": "st"})
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/event-stream")
+    assert response["X-Phalanx-Node"] in fakes
+    text = (await read_stream(response)).decode()
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    deltas = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:3]]
+    assert deltas == ["Hel", "lo", "!"]
+    assert events[-1] == "[DONE]"
+
+
+async def test_it_retries_on_another_node_before_the_first_byte(fakes, auth):
+    await sync_to_async(Node.objects.filter(node_id="node-01").update)(address=refused_address())
+    await sync_to_async(Node.objects.filter(node_id="node-02").update)(last_seen_load={"load": 0.9})
+    response = await post(AsyncClient(), body(stream=True), {**auth, "X-Session-Id": "retry"})
+    assert response.status_code == 200
+    assert response["X-Phalanx-Node"] == "node-02"
+    assert b"[DONE]" in await read_stream(response)
+    failed = await Node.objects.aget(node_id="node-01")
+    assert failed.consecutive_failures == 1
+    route = await SessionRoute.objects.aget(session_id="retry")
+    reasons = [d.reason async for d in route.decisions.all()]
+    assert reasons[-1].startswith("moved to node-02: node-01 unreachable")
+    assert route.moves == 1 and route.turns == 1
+
+
+async def test_it_moves_a_session_when_its_node_goes_down(fakes, auth):
+    client = AsyncClient()
+    headers = {**auth, "X-Session-Id": "failover"}
+    first = (await post(client, body(), headers))["X-Phalanx-Node"]
+    await sync_to_async(Node.objects.filter(node_id=first).update)(state=Node.State.DOWN)
+    second = (await post(client, body(), headers))["X-Phalanx-Node"]
+    assert second != first
+    route = await SessionRoute.objects.aget(session_id="failover")
+    reasons = [d.reason async for d in route.decisions.all()]
+    assert reasons[-1] == f"moved to {second}: {first} down"
+
+
+async def test_it_ends_a_broken_stream_with_an_error_event(fakes, auth):
+    for fake in fakes.values():
+        fake.break_after = 1
+    response = await post(AsyncClient(), body(stream=True), auth)
+    assert response.status_code == 200
+    text = (await read_stream(response)).decode()
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "Hel"
+    assert "broke off the stream" in json.loads(events[-2])["error"]["message"]
+    assert events[-1] == "[DONE]"
+
+
+async def test_it_answers_503_with_retry_after_when_no_node_is_up(fakes, auth):
+    await sync_to_async(Node.objects.update)(state=Node.State.DOWN)
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) >= 1
+    assert "no healthy node" in error_of(response)["message"]
+
+
+async def test_it_answers_503_when_every_node_is_busy(fakes, auth):
+    for fake in fakes.values():
+        fake.chat_status = 503
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 503
+    assert "Retry-After" in response
+    assert "answered 503" in error_of(response)["message"]
+
+
+async def test_it_passes_a_node_4xx_through(fakes, auth):
+    for fake in fakes.values():
+        fake.chat_status = 400
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 400
+    assert response["X-Phalanx-Node"] in fakes
+
+
+async def test_it_lists_the_models_of_healthy_nodes(fakes, auth):
+    response = await AsyncClient().get("/v1/models", headers=auth)
+    assert response.status_code == 200
+    data = json.loads(response.content)
+    assert data["object"] == "list"
+    assert [m["id"] for m in data["data"]] == [MODEL]
+    await sync_to_async(Node.objects.update)(state=Node.State.DOWN)
+    data = json.loads((await AsyncClient().get("/v1/models", headers=auth)).content)
+    assert data["data"] == []
+
+
+async def test_it_requires_a_token_for_models(fakes):
+    response = await AsyncClient().get("/v1/models")
+    assert response.status_code == 401
+
+
+async def test_it_closes_the_upstream_when_the_client_goes_away(fakes, auth):
+    import asyncio
+
+    from django.core.asgi import get_asgi_application
+
+    for fake in fakes.values():
+        fake.tokens, fake.token_delay = ["x"] * 500, 0.01
+    app = get_asgi_application()
+    gone = asyncio.Event()
+    requested = False
+
+    async def receive():
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": body(stream=True).encode(), "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            gone.set()
+
+    headers = [(b"content-type", b"application/json"), (b"host", b"testserver"),
+               (b"authorization", auth["Authorization"].encode())]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"",
+             "headers": headers, "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
+    await asyncio.wait_for(app(scope, receive, send), timeout=30)
+    for _ in range(300):
+        if sum(f.disconnects for f in fakes.values()) == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert sum(f.disconnects for f in fakes.values()) == 1
