@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import sys
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from inference.models import ApiToken, ModelPackage
+from inference.services import token_authenticate
+from nodes import embedded
+from nodes.models import Node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def model_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"not really a gguf")
+    monkeypatch.setattr(embedded, "ensure_bundled_model", lambda model_dir: path)
+    monkeypatch.delenv("PHALANX_API_TOKEN", raising=False)
+    monkeypatch.delenv("PHALANX_OPERATOR_PASSWORD", raising=False)
+    return path
+
+
+def test_it_bootstraps_the_inventory_idempotently(model_file):
+    first = embedded.array_bootstrap(nodes=2)
+    second = embedded.array_bootstrap(nodes=2)
+    assert ModelPackage.objects.count() == 1
+    package = ModelPackage.objects.get()
+    assert package.name == embedded.BUNDLED_PACKAGE_NAME and package.quantization == "Q4_1"
+    assert list(Node.objects.values_list("node_id", "address")) == [
+        ("node-01", "127.0.0.1:9401"), ("node-02", "127.0.0.1:9402")]
+    assert all(n.package_id == package.pk and n.cpu_set for n in Node.objects.all())
+    assert first.operator_password and second.operator_password is None
+    assert get_user_model().objects.get(username="operator").is_superuser
+    assert token_authenticate(raw=first.api_token) and token_authenticate(raw=second.api_token)
+    assert ApiToken.objects.count() == 2
+
+
+def test_it_uses_the_environment_token_instead_of_minting(model_file, monkeypatch):
+    monkeypatch.setenv("PHALANX_API_TOKEN", "automation")
+    result = embedded.array_bootstrap(nodes=1)
+    assert result.api_token is None and not ApiToken.objects.exists()
+
+
+def test_it_rejects_zero_nodes(model_file):
+    with pytest.raises(ValueError):
+        embedded.array_bootstrap(nodes=0)
+
+
+def test_it_builds_the_node_command_line(model_file):
+    result = embedded.array_bootstrap(nodes=1)
+    argv = embedded.node_command(result.nodes[0], model_path=model_file, package=result.package)
+    assert argv[2:] == ["runnode", "--id", "node-01", "--listen", "127.0.0.1:9401",
+                        "--model", str(model_file), "--package", embedded.BUNDLED_PACKAGE_NAME,
+                        "--sha256", result.package.sha256, "--threads", "1", "--cpus",
+                        result.nodes[0].cpu_set]
+
+
+def test_it_stops_every_child():
+    supervisor = embedded.Supervisor()
+    for name in ("a", "b"):
+        supervisor.start(name, [sys.executable, "-c", "import time; time.sleep(60)"])
+    supervisor.stop(timeout=5)
+    assert [code is not None for _, code in supervisor.exited()] == [True, True]
+
+
+def test_it_kills_a_child_that_ignores_sigterm(tmp_path):
+    import time
+
+    ready = tmp_path / "ready"
+    supervisor = embedded.Supervisor()
+    supervisor.start("stubborn", [sys.executable, "-c",
+                                  "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                                  "open(sys.argv[1], 'w').close(); time.sleep(60)", str(ready)])
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    supervisor.stop(timeout=0.5)
+    assert supervisor.exited()[0][1] == -9
