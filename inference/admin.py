@@ -8,7 +8,14 @@ from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolic
 
 @admin.register(ModelPackage)
 class ModelPackageAdmin(admin.ModelAdmin):
-    list_display = ("name", "version", "quantization", "context_window", "architecture", "created_at")
+    list_display = (
+        "name",
+        "version",
+        "quantization",
+        "context_window",
+        "architecture",
+        "created_at",
+    )
     search_fields = ("name", "version", "sha256")
 
     def get_readonly_fields(self, request: HttpRequest, obj: ModelPackage | None = None):
@@ -20,8 +27,13 @@ class ModelPackageAdmin(admin.ModelAdmin):
 
 @admin.register(RoutingPolicy)
 class RoutingPolicyAdmin(admin.ModelAdmin):
-    list_display = ("session_header", "health_interval_s", "failure_threshold", "failover_strategy",
-                    "request_timeout_s")
+    list_display = (
+        "session_header",
+        "health_interval_s",
+        "failure_threshold",
+        "failover_strategy",
+        "request_timeout_s",
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not RoutingPolicy.objects.exists()

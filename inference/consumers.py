@@ -38,7 +38,9 @@ def _authenticate(scope: dict[str, Any]) -> str:
 
     token = (parse_qs(query).get("token") or [None])[0]
     if token is None:
-        headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])}
+        headers = {
+            k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])
+        }
         token = services.bearer_token(headers.get("authorization"))
     return services.token_authenticate(raw=token)
 
@@ -93,8 +95,9 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 raise BadRequest(f"Message is not valid JSON: {exc}", code="invalid_json") from exc
             turn = parse_ws_message(data)
             if self.turn_task is not None and not self.turn_task.done():
-                raise BadRequest("A turn is already running; wait for its done event.",
-                                 code="turn_in_progress")
+                raise BadRequest(
+                    "A turn is already running; wait for its done event.", code="turn_in_progress"
+                )
         except ProxyError as exc:
             await self.send_error(exc)
             return
@@ -117,18 +120,26 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         """Route, stream deltas, then store the exchange and send ``done``."""
         try:
             model, messages = await _prepare_turn(self.session_id, turn)
-            payload = {"model": model, "messages": messages, "stream": True,
-                       "stream_options": {"include_usage": True}, **turn.options}
-            upstream = await proxy.upstream_open(payload=payload, model=model,
-                                                 session_id=self.session_id)
+            payload = {
+                "model": model,
+                "messages": messages,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **turn.options,
+            }
+            upstream = await proxy.upstream_open(
+                payload=payload, model=model, session_id=self.session_id
+            )
             if upstream.status != 200:
                 body = await upstream.read_all()
                 raise _node_error(upstream.status, body, upstream.node_id)
             reply, done = await self.relay(upstream)
             if done is None:
                 return
-            await _append(session_id=self.session_id,
-                          messages=[messages[-1], {"role": "assistant", "content": reply}])
+            await _append(
+                session_id=self.session_id,
+                messages=[messages[-1], {"role": "assistant", "content": reply}],
+            )
             await self.send_json(done)
         except ProxyError as exc:
             await self.send_error(exc)
@@ -136,8 +147,13 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     async def relay(self, upstream: proxy.Upstream) -> tuple[str, dict[str, Any] | None]:
         """Send deltas; returns the reply text and the done event (None after an error)."""
         parts: list[str] = []
-        done: dict[str, Any] = {"type": "done", "node": upstream.node_id, "usage": None,
-                                "timings": None, "finish_reason": None}
+        done: dict[str, Any] = {
+            "type": "done",
+            "node": upstream.node_id,
+            "usage": None,
+            "timings": None,
+            "finish_reason": None,
+        }
         async for event in proxy.sse_events(upstream):
             if event == "[DONE]":
                 break
@@ -145,9 +161,14 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 continue
             if "error" in event:
                 error = event["error"] if isinstance(event["error"], dict) else {}
-                await self.send_json({"type": "error", "node": upstream.node_id,
-                                      "message": error.get("message", str(event["error"])),
-                                      "code": error.get("code", "upstream_error")})
+                await self.send_json(
+                    {
+                        "type": "error",
+                        "node": upstream.node_id,
+                        "message": error.get("message", str(event["error"])),
+                        "code": error.get("code", "upstream_error"),
+                    }
+                )
                 return "".join(parts), None
             for choice in event.get("choices") or []:
                 content = (choice.get("delta") or {}).get("content")

@@ -15,8 +15,15 @@ class ProxyError(Exception):
     type = "invalid_request_error"
     code = "invalid_request"
 
-    def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
-                 retry_after: int | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        retry_after: int | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -28,8 +35,14 @@ class ProxyError(Exception):
 
     def body(self) -> dict[str, Any]:
         """``{"error": {"message": ..., "type": ..., "code": ..., "param": ...}}``."""
-        return {"error": {"message": self.message, "type": self.type, "code": self.code,
-                          "param": self.param}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "code": self.code,
+                "param": self.param,
+            }
+        }
 
 
 class BadRequest(ProxyError):

@@ -41,13 +41,20 @@ def read_gguf_info(path: Path) -> GgufInfo:
         arch = _value(reader, "general.architecture") or ""
         file_type = _value(reader, "general.file_type")
         try:
-            quant = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
+            quant = (
+                gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+                if file_type is not None
+                else ""
+            )
         except ValueError:
             quant = str(file_type)
         context = _value(reader, f"{arch}.context_length") if arch else None
         template = _value(reader, "tokenizer.chat_template") or ""
     except Exception:  # a damaged or unexpected file still registers, with defaults
         return DEFAULT
-    return GgufInfo(architecture=str(arch), quantization=quant,
-                    context_window=int(context) if context else DEFAULT.context_window,
-                    chat_template=str(template))
+    return GgufInfo(
+        architecture=str(arch),
+        quantization=quant,
+        context_window=int(context) if context else DEFAULT.context_window,
+        chat_template=str(template),
+    )

@@ -18,7 +18,13 @@ class ModelPackage(models.Model):
     """
 
     IMMUTABLE_FIELDS: ClassVar[tuple[str, ...]] = (
-        "name", "version", "gguf_path", "sha256", "quantization", "context_window", "chat_template",
+        "name",
+        "version",
+        "gguf_path",
+        "sha256",
+        "quantization",
+        "context_window",
+        "chat_template",
     )
 
     name = models.SlugField(max_length=128)
@@ -65,18 +71,22 @@ class RoutingPolicy(models.Model):
 
     session_header = models.CharField(max_length=64, default="X-Session-Id")
     health_interval_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
-    failure_threshold = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1)])
+    failure_threshold = models.PositiveSmallIntegerField(
+        default=3, validators=[MinValueValidator(1)]
+    )
     failover_strategy = models.CharField(
         max_length=32, choices=FailoverStrategy.choices, default=FailoverStrategy.STICK_AND_REDIRECT
     )
     probe_timeout_s = models.FloatField(default=2.0, validators=[MinValueValidator(0.1)])
     connect_timeout_s = models.FloatField(default=2.0, validators=[MinValueValidator(0.1)])
     request_timeout_s = models.FloatField(
-        default=120.0, validators=[MinValueValidator(1.0)],
+        default=120.0,
+        validators=[MinValueValidator(1.0)],
         help_text="Longest wait for the node's next byte (s).",
     )
     max_attempts = models.PositiveSmallIntegerField(
-        default=3, validators=[MinValueValidator(1)],
+        default=3,
+        validators=[MinValueValidator(1)],
         help_text="Nodes tried for one request when it fails before its first byte.",
     )
     updated_at = models.DateTimeField(auto_now=True)
@@ -108,10 +118,18 @@ class SessionRoute(models.Model):
 
     session_id = models.CharField(max_length=200, unique=True)
     node = models.ForeignKey(
-        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="session_routes"
+        "nodes.Node",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="session_routes",
     )
     package = models.ForeignKey(
-        ModelPackage, null=True, blank=True, on_delete=models.SET_NULL, related_name="session_routes"
+        ModelPackage,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="session_routes",
     )
     turns = models.PositiveIntegerField(default=0)
     moves = models.PositiveIntegerField(default=0)

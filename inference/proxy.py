@@ -66,21 +66,24 @@ class Upstream:
         return b"".join(parts)
 
     async def _broke(self, exc: Exception) -> None:
-        await _record_failure(node_id=self.node_id, reason=f"broke mid-answer: {_describe(exc)}",
-                              failure_threshold=self.failure_threshold)
+        await _record_failure(
+            node_id=self.node_id,
+            reason=f"broke mid-answer: {_describe(exc)}",
+            failure_threshold=self.failure_threshold,
+        )
 
 
 def _describe(exc: Exception) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"timed out ({type(exc).__name__})"
-    return f"unreachable ({type(exc).__name__})" if isinstance(exc, httpx.ConnectError) else (
-        type(exc).__name__
+    return (
+        f"unreachable ({type(exc).__name__})"
+        if isinstance(exc, httpx.ConnectError)
+        else (type(exc).__name__)
     )
 
 
-async def upstream_open(
-    *, payload: dict[str, Any], model: str, session_id: str | None
-) -> Upstream:
+async def upstream_open(*, payload: dict[str, Any], model: str, session_id: str | None) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for package ``model`` and open the node's answer.
 
     Tries at most ``policy.max_attempts`` nodes. A node's 4xx is returned as is (the caller
@@ -90,18 +93,25 @@ async def upstream_open(
     policy = await _load_policy()
     exclude: dict[str, str] = {}
     for attempt in range(policy.max_attempts):
-        target = await _route_resolve(session_id=session_id, model=model, exclude=exclude,
-                                      new_turn=attempt == 0)
+        target = await _route_resolve(
+            session_id=session_id, model=model, exclude=exclude, new_turn=attempt == 0
+        )
         body = {**payload, "model": target.model}
         try:
             response = await node_client.chat_open(
-                target.address, payload=body, session_id=session_id,
-                connect_timeout=policy.connect_timeout_s, read_timeout=policy.request_timeout_s,
+                target.address,
+                payload=body,
+                session_id=session_id,
+                connect_timeout=policy.connect_timeout_s,
+                read_timeout=policy.request_timeout_s,
             )
         except httpx.TransportError as exc:
             exclude[target.node_id] = _describe(exc)
-            await _record_failure(node_id=target.node_id, reason=_describe(exc),
-                                  failure_threshold=policy.failure_threshold)
+            await _record_failure(
+                node_id=target.node_id,
+                reason=_describe(exc),
+                failure_threshold=policy.failure_threshold,
+            )
             log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
             continue
         if response.status_code >= 500:
@@ -109,8 +119,11 @@ async def upstream_open(
             await node_client.chat_close(response)
             exclude[target.node_id] = f"answered {response.status_code}"
             if response.status_code != 503:  # 503 is a busy or loading node, not a broken one
-                await _record_failure(node_id=target.node_id, reason=exclude[target.node_id],
-                                      failure_threshold=policy.failure_threshold)
+                await _record_failure(
+                    node_id=target.node_id,
+                    reason=exclude[target.node_id],
+                    failure_threshold=policy.failure_threshold,
+                )
             continue
         rest = response.aiter_raw()
         try:
@@ -120,14 +133,28 @@ async def upstream_open(
             if not isinstance(exc, httpx.TransportError):
                 raise
             exclude[target.node_id] = _describe(exc)
-            await _record_failure(node_id=target.node_id, reason=_describe(exc),
-                                  failure_threshold=policy.failure_threshold)
+            await _record_failure(
+                node_id=target.node_id,
+                reason=_describe(exc),
+                failure_threshold=policy.failure_threshold,
+            )
             continue
-        return Upstream(target.node_id, target.decision, response.status_code, response.headers,
-                        first, rest, response, policy.failure_threshold, list(exclude))
+        return Upstream(
+            target.node_id,
+            target.decision,
+            response.status_code,
+            response.headers,
+            first,
+            rest,
+            response,
+            policy.failure_threshold,
+            list(exclude),
+        )
     tried = "; ".join(f"{node} {why}" for node, why in exclude.items())
-    raise NoHealthyNode(f"No node could take the request ({tried}).",
-                        retry_after=max(1, round(policy.health_interval_s)))
+    raise NoHealthyNode(
+        f"No node could take the request ({tried}).",
+        retry_after=max(1, round(policy.health_interval_s)),
+    )
 
 
 def sse_error_event(message: str, *, code: str = "upstream_error") -> bytes:
@@ -175,7 +202,8 @@ class SSEDecoder:
         while b"\n\n" in self._buffer:
             raw, self._buffer = self._buffer.split(b"\n\n", 1)
             data = "\n".join(
-                line[5:].lstrip() for line in raw.decode("utf-8", "replace").split("\n")
+                line[5:].lstrip()
+                for line in raw.decode("utf-8", "replace").split("\n")
                 if line.startswith("data:")
             )
             if not data:
@@ -205,7 +233,12 @@ async def sse_events(upstream: Upstream) -> AsyncIterator[Any]:
                 yield event
     except httpx.TransportError as exc:
         await upstream._broke(exc)
-        yield {"error": {"message": f"{upstream.node_id} broke off the stream: {_describe(exc)}",
-                         "type": "upstream_error", "code": "upstream_error"}}
+        yield {
+            "error": {
+                "message": f"{upstream.node_id} broke off the stream: {_describe(exc)}",
+                "type": "upstream_error",
+                "code": "upstream_error",
+            }
+        }
     finally:
         await upstream.aclose()

@@ -64,12 +64,14 @@ class NoNodeAvailable(Exception):
     """No healthy node serves the model; the message says why."""
 
 
-def candidates(nodes: Iterable[NodeView], *, model: str, exclude: Mapping[str, str] | None = None
-               ) -> list[NodeView]:
+def candidates(
+    nodes: Iterable[NodeView], *, model: str, exclude: Mapping[str, str] | None = None
+) -> list[NodeView]:
     """Nodes that may take a request for ``model``: up, serving it, weight > 0, not excluded."""
     excluded = exclude or {}
     return [
-        n for n in nodes
+        n
+        for n in nodes
         if n.state == "up" and n.model == model and n.weight > 0 and n.node_id not in excluded
     ]
 
@@ -143,6 +145,7 @@ def _no_node_message(nodes: Sequence[NodeView], *, model: str, exclude: Mapping[
     if not serving:
         return f"no node serves model {model!r}"
     states = ", ".join(
-        f"{n.node_id} {exclude.get(n.node_id, n.state)}" for n in sorted(serving, key=lambda n: n.node_id)
+        f"{n.node_id} {exclude.get(n.node_id, n.state)}"
+        for n in sorted(serving, key=lambda n: n.node_id)
     )
     return f"no healthy node serves model {model!r} ({states})"

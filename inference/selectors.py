@@ -9,7 +9,9 @@ from nodes.models import Node
 def packages_served() -> list[ModelPackage]:
     """Packages served by at least one ``up`` node, newest version of each name first."""
     return list(
-        ModelPackage.objects.filter(nodes__state=Node.State.UP).distinct().order_by("name", "-created_at")
+        ModelPackage.objects.filter(nodes__state=Node.State.UP)
+        .distinct()
+        .order_by("name", "-created_at")
     )
 
 

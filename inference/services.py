@@ -28,15 +28,22 @@ TOKEN_PREFIX = "phx_"
 
 
 class PackageConflict(Exception):
-    """A package with this name and version exists with a different file (packages are immutable)."""
+    """``name:version`` exists with another file; packages are immutable."""
 
 
 # --- packages -------------------------------------------------------------------------------
 
 
 def package_register(
-    *, name: str, version: str, gguf_path: str, sha256: str, quantization: str = "",
-    architecture: str = "", context_window: int = 2048, chat_template: str = "",
+    *,
+    name: str,
+    version: str,
+    gguf_path: str,
+    sha256: str,
+    quantization: str = "",
+    architecture: str = "",
+    context_window: int = 2048,
+    chat_template: str = "",
 ) -> tuple[ModelPackage, bool]:
     """Register a package version (idempotent); returns ``(package, created)``.
 
@@ -48,8 +55,14 @@ def package_register(
             raise PackageConflict(f"{existing.key} exists with sha256 {existing.sha256[:12]}…")
         return existing, False
     package = ModelPackage.objects.create(
-        name=name, version=version, gguf_path=gguf_path, sha256=sha256, quantization=quantization,
-        architecture=architecture, context_window=context_window, chat_template=chat_template,
+        name=name,
+        version=version,
+        gguf_path=gguf_path,
+        sha256=sha256,
+        quantization=quantization,
+        architecture=architecture,
+        context_window=context_window,
+        chat_template=chat_template,
     )
     return package, True
 
@@ -65,8 +78,11 @@ def package_resolve(*, model: str) -> ModelPackage:
         packages = packages.filter(version=version)
     package = packages.order_by("-created_at", "-id").first()
     if package is None:
-        raise UnknownModel(f"The model {model!r} does not exist; GET /v1/models lists the "
-                           f"models this array serves.", param="model")
+        raise UnknownModel(
+            f"The model {model!r} does not exist; GET /v1/models lists the "
+            f"models this array serves.",
+            param="model",
+        )
     return package
 
 
@@ -78,10 +94,11 @@ def _hash(raw: str) -> str:
 
 
 def token_create(*, name: str, created_by_id: int | None = None) -> tuple[ApiToken, str]:
-    """Mint an API token; returns ``(token, plaintext)``. The plaintext is not stored: show it once."""
+    """Mint an API token; returns ``(token, plaintext)``. Only the hash is stored: show it once."""
     plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(name=name, token_hash=_hash(plaintext), prefix=plaintext[:10],
-                                    created_by_id=created_by_id)
+    token = ApiToken.objects.create(
+        name=name, token_hash=_hash(plaintext), prefix=plaintext[:10], created_by_id=created_by_id
+    )
     return token, plaintext
 
 
@@ -94,8 +111,9 @@ def token_authenticate(*, raw: str | None) -> str:
     """Check a Bearer token; returns a name for the caller (the token's name, or ``env`` for
     ``$PHALANX_API_TOKEN``). Raises ``AuthError`` when missing, unknown or revoked."""
     if not raw:
-        raise AuthError("Missing API token: send 'Authorization: Bearer <token>'.",
-                        code="missing_api_key")
+        raise AuthError(
+            "Missing API token: send 'Authorization: Bearer <token>'.", code="missing_api_key"
+        )
     env_token = os.environ.get(ENV_TOKEN)
     if env_token and hmac.compare_digest(raw.encode(), env_token.encode()):
         return "env"
@@ -133,7 +151,10 @@ class RouteTarget:
 
 
 def route_resolve(
-    *, session_id: str | None, model: str, exclude: Mapping[str, str] | None = None,
+    *,
+    session_id: str | None,
+    model: str,
+    exclude: Mapping[str, str] | None = None,
     new_turn: bool = True,
 ) -> RouteTarget:
     """Pick the node for a request for package ``model`` and record pins and moves.
@@ -166,8 +187,12 @@ def route_resolve(
                 route.package_id = route.node.package_id
             if decision.action == "moved":
                 route.moves += 1
-            RouteDecision.objects.create(route=route, action=decision.action,
-                                         node_id=decision.node_id, reason=decision.reason)
+            RouteDecision.objects.create(
+                route=route,
+                action=decision.action,
+                node_id=decision.node_id,
+                reason=decision.reason,
+            )
         if new_turn:
             route.turns += 1
         route.save()

@@ -10,8 +10,12 @@ from typing import Any
 from inference.errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-SESSION_HEADER_ALIASES = ("X-Session-Id", "X-Session-Affinity", "X-Dynamo-Session-ID",
-                          "X-SMG-Routing-Key")
+SESSION_HEADER_ALIASES = (
+    "X-Session-Id",
+    "X-Session-Affinity",
+    "X-Dynamo-Session-ID",
+    "X-SMG-Routing-Key",
+)
 MAX_SESSION_ID = 200
 
 
@@ -50,14 +54,20 @@ def check_messages(messages: Any, *, param: str = "messages") -> list[dict[str, 
             raise BadRequest(f"{where} must be an object.", code="invalid_type", param=where)
         role = message.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}.",
-                             code="invalid_role", param=f"{where}.role")
+            raise BadRequest(
+                f"{where}.role must be one of {', '.join(sorted(ROLES))}.",
+                code="invalid_role",
+                param=f"{where}.role",
+            )
         content = message.get("content")
         if content is None and role == "assistant" and message.get("tool_calls"):
             continue
         if not isinstance(content, str | list):
-            raise BadRequest(f"{where}.content must be a string or a list of content parts.",
-                             code="invalid_type", param=f"{where}.content")
+            raise BadRequest(
+                f"{where}.content must be a string or a list of content parts.",
+                code="invalid_type",
+                param=f"{where}.content",
+            )
     return messages
 
 
@@ -93,8 +103,10 @@ def session_key(headers: Mapping[str, str], *, header: str) -> str | None:
         if value and value.strip():
             value = value.strip()
             if len(value) > MAX_SESSION_ID:
-                raise BadRequest(f"Session key in {name} is longer than {MAX_SESSION_ID} characters.",
-                                 code="invalid_session_id")
+                raise BadRequest(
+                    f"Session key in {name} is longer than {MAX_SESSION_ID} characters.",
+                    code="invalid_session_id",
+                )
             return value
     return None
 
@@ -118,8 +130,10 @@ def parse_ws_message(data: Any) -> WsTurn:
         raise BadRequest("Message must be a JSON object.", code="invalid_json")
     kind = data.get("type", "user")
     if kind != "user":
-        raise BadRequest(f"Unknown message type {kind!r}; send {{\"type\": \"user\", "
-                         f"\"content\": \"...\"}}.", code="invalid_type")
+        raise BadRequest(
+            f'Unknown message type {kind!r}; send {{"type": "user", "content": "..."}}.',
+            code="invalid_type",
+        )
     content = data.get("content", data.get("message"))
     if not isinstance(content, str):
         raise BadRequest("'content' must be a string.", code="invalid_type", param="content")
@@ -134,6 +148,9 @@ def parse_ws_message(data: Any) -> WsTurn:
     _check_number(data, "seed", integer=True, minimum=-(2**63))
     if "stop" in data and not isinstance(data["stop"], str | list | None):
         raise BadRequest("'stop' must be a string or a list of strings.", code="invalid_type")
-    options = {k: data[k] for k in ("max_tokens", "temperature", "top_p", "seed", "stop")
-               if data.get(k) is not None}
+    options = {
+        k: data[k]
+        for k in ("max_tokens", "temperature", "top_p", "seed", "stop")
+        if data.get(k) is not None
+    }
     return WsTurn(content=content, model=model, options=options)

@@ -30,7 +30,9 @@ def error_response(exc: ProxyError) -> JsonResponse:
 
 @sync_to_async
 def _authenticate(request: HttpRequest) -> str:
-    return services.token_authenticate(raw=services.bearer_token(request.headers.get("Authorization")))
+    return services.token_authenticate(
+        raw=services.bearer_token(request.headers.get("Authorization"))
+    )
 
 
 @sync_to_async
@@ -93,14 +95,20 @@ async def models_list(request: HttpRequest) -> HttpResponse:
         if package.name in seen:
             continue
         seen.add(package.name)
-        data.append({"id": package.name, "object": "model", "owned_by": "phalanx",
-                     "created": int(package.created_at.timestamp()), "version": package.version})
+        data.append(
+            {
+                "id": package.name,
+                "object": "model",
+                "owned_by": "phalanx",
+                "created": int(package.created_at.timestamp()),
+                "version": package.version,
+            }
+        )
     return JsonResponse({"object": "list", "data": data})
 
 
 async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     """JSON 404 for unknown ``/v1/`` paths."""
-    return error_response(ProxyError(f"Unknown endpoint {request.path}.", code="not_found",
-                                     status=404))
-
-
+    return error_response(
+        ProxyError(f"Unknown endpoint {request.path}.", code="not_found", status=404)
+    )

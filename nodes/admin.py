@@ -16,12 +16,27 @@ class NodeEventInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("node_id", "address", "state", "weight", "affinity", "package", "load_display",
-                    "consecutive_failures", "last_probe_at")
+    list_display = (
+        "node_id",
+        "address",
+        "state",
+        "weight",
+        "affinity",
+        "package",
+        "load_display",
+        "consecutive_failures",
+        "last_probe_at",
+    )
     list_filter = ("state", "package")
     search_fields = ("node_id", "address")
-    readonly_fields = ("consecutive_failures", "last_probe_at", "last_probe_error", "last_seen_load",
-                       "created_at", "updated_at")
+    readonly_fields = (
+        "consecutive_failures",
+        "last_probe_at",
+        "last_probe_error",
+        "last_seen_load",
+        "created_at",
+        "updated_at",
+    )
     inlines = [NodeEventInline]
 
     @admin.display(description="load")

@@ -67,7 +67,11 @@ def probe(address: str, *, timeout: float) -> ProbeResult:
         return ProbeResult(False, "error", f"health answered {response.status_code}")
     try:
         metrics = _client().get(f"{base}/metrics", timeout=timeout)
-        load = load_from_metrics(parse_prometheus(metrics.text)) if metrics.status_code == 200 else None
+        load = (
+            load_from_metrics(parse_prometheus(metrics.text))
+            if metrics.status_code == 200
+            else None
+        )
     except httpx.TransportError:
         load = None
     return ProbeResult(True, "ok", "", load)
@@ -103,7 +107,10 @@ async def chat_open(
     timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
     client = async_client()
     request = client.build_request(
-        "POST", f"http://{address}/v1/chat/completions", json=payload, headers=headers,
+        "POST",
+        f"http://{address}/v1/chat/completions",
+        json=payload,
+        headers=headers,
         timeout=timeout,
     )
     return await client.send(request, stream=True)

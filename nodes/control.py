@@ -49,9 +49,9 @@ class ControlLoop:
         if not nodes:
             return TickReport({}, [])
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(nodes))) as pool:
-            results = list(pool.map(
-                lambda n: node_client.probe(n[1], timeout=policy.probe_timeout_s), nodes
-            ))
+            results = list(
+                pool.map(lambda n: node_client.probe(n[1], timeout=policy.probe_timeout_s), nodes)
+            )
         statuses: dict[str, str] = {}
         events: list[NodeEvent] = []
         for (node_id, _), result in zip(nodes, results, strict=True):

@@ -57,8 +57,11 @@ def cpu_count() -> int:
 
 def node_cpu(index: int) -> str:
     """CPU list for the ``index``-th (0-based) local node: one CPU each, wrapping round."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1))
+    cpus = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     return str(cpus[index % len(cpus)])
 
 
@@ -67,9 +70,13 @@ def package_register_bundled(model_path: Path) -> ModelPackage:
     file says of itself (quantization, context window, chat template)."""
     info = read_gguf_info(model_path)
     package, _ = inference_services.package_register(
-        name=BUNDLED_PACKAGE_NAME, version=BUNDLED_PACKAGE_VERSION, gguf_path=str(model_path),
-        sha256=SMOLLM2_135M.sha256, quantization=info.quantization or "Q4_1",
-        architecture=info.architecture, context_window=info.context_window,
+        name=BUNDLED_PACKAGE_NAME,
+        version=BUNDLED_PACKAGE_VERSION,
+        gguf_path=str(model_path),
+        sha256=SMOLLM2_135M.sha256,
+        quantization=info.quantization or "Q4_1",
+        architecture=info.architecture,
+        context_window=info.context_window,
         chat_template=info.chat_template,
     )
     return package
@@ -90,14 +97,21 @@ def array_bootstrap(*, nodes: int, mint_token: bool = True) -> BootstrapResult:
     with transaction.atomic():
         package = package_register_bundled(model_path)
         made = [
-            node_upsert(node_id=f"node-{i + 1:02d}", address=f"{NODE_HOST}:{NODE_BASE_PORT + i}",
-                        package_id=package.pk, cpu_set=node_cpu(i), threads=1)[0]
+            node_upsert(
+                node_id=f"node-{i + 1:02d}",
+                address=f"{NODE_HOST}:{NODE_BASE_PORT + i}",
+                package_id=package.pk,
+                cpu_set=node_cpu(i),
+                threads=1,
+            )[0]
             for i in range(nodes)
         ]
         password = _ensure_operator()
         token = None
         if mint_token and not os.environ.get(inference_services.ENV_TOKEN):
-            token = inference_services.token_create(name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}")[1]
+            token = inference_services.token_create(
+                name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            )[1]
     return BootstrapResult(package, model_path, made, password, token)
 
 
@@ -122,10 +136,23 @@ def _ensure_operator() -> str | None:
 def node_command(node: Node, *, model_path: Path, package: ModelPackage) -> list[str]:
     """The command line that starts a local node agent for ``node``."""
     return [
-        sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runnode",
-        "--id", node.node_id, "--listen", node.address, "--model", str(model_path),
-        "--package", package.name, "--sha256", package.sha256,
-        "--threads", str(node.threads), "--cpus", node.cpu_set or "0",
+        sys.executable,
+        str(Path(settings.BASE_DIR) / "manage.py"),
+        "runnode",
+        "--id",
+        node.node_id,
+        "--listen",
+        node.address,
+        "--model",
+        str(model_path),
+        "--package",
+        package.name,
+        "--sha256",
+        package.sha256,
+        "--threads",
+        str(node.threads),
+        "--cpus",
+        node.cpu_set or "0",
     ]
 
 

@@ -13,8 +13,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
     """Samples of Prometheus text exposition, keyed ``name`` or ``name{a="x",b="y"}``.
 
     Labels are sorted so keys are canonical; comments, blank lines and unparsable values are
-    skipped; timestamps after the value are ignored. Example:
-    ``'phalanx_node_sequences{state="active"} 2'`` -> ``{'phalanx_node_sequences{state="active"}': 2.0}``.
+    skipped; timestamps after the value are ignored. ``m{state="active"} 2`` is keyed
+    ``m{state="active"}``.
     """
     samples: dict[str, float] = {}
     for line in text.splitlines():

@@ -43,10 +43,16 @@ class Node(models.Model):
     weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
     affinity = models.BooleanField(default=True, help_text="Pin sessions to this node.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.UNKNOWN)
-    cpu_set = models.CharField(max_length=64, blank=True, default="", validators=[cpu_set_validator])
+    cpu_set = models.CharField(
+        max_length=64, blank=True, default="", validators=[cpu_set_validator]
+    )
     threads = models.PositiveSmallIntegerField(default=1)
     package = models.ForeignKey(
-        "inference.ModelPackage", null=True, blank=True, on_delete=models.PROTECT, related_name="nodes"
+        "inference.ModelPackage",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="nodes",
     )
     consecutive_failures = models.PositiveIntegerField(default=0)
     last_probe_at = models.DateTimeField(null=True, blank=True)

@@ -23,14 +23,16 @@ def nodes_for_routing(*, stale_after_s: float) -> tuple[list[NodeView], dict[str
     addresses: dict[str, str] = {}
     for node in rows:
         fresh = node.last_probe_at is not None and node.last_probe_at >= cutoff
-        views.append(NodeView(
-            node_id=node.node_id,
-            state=node.state,
-            weight=node.weight,
-            load=node.load if fresh else None,
-            model=node.package.name if node.package else None,
-            sessions=node.pinned,
-            affinity=node.affinity,
-        ))
+        views.append(
+            NodeView(
+                node_id=node.node_id,
+                state=node.state,
+                weight=node.weight,
+                load=node.load if fresh else None,
+                model=node.package.name if node.package else None,
+                sessions=node.pinned,
+                affinity=node.affinity,
+            )
+        )
         addresses[node.node_id] = node.address
     return views, addresses

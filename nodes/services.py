@@ -15,7 +15,9 @@ def _set_state(node: Node, state: str, kind: str, message: str) -> NodeEvent:
 
 
 @transaction.atomic
-def node_record_probe(*, node_id: str, result: ProbeResult, failure_threshold: int) -> NodeEvent | None:
+def node_record_probe(
+    *, node_id: str, result: ProbeResult, failure_threshold: int
+) -> NodeEvent | None:
     """Apply one health probe to the node's state; returns the event it caused, if any.
 
     A healthy answer resets ``consecutive_failures``, stores the load summary and marks a
@@ -32,15 +34,20 @@ def node_record_probe(*, node_id: str, result: ProbeResult, failure_threshold: i
         node.last_probe_error = ""
         node.last_seen_load = result.load
         if node.state == Node.State.DOWN:
-            event = _set_state(node, Node.State.UP, NodeEvent.Kind.CAME_BACK, "answers /health again")
+            event = _set_state(
+                node, Node.State.UP, NodeEvent.Kind.CAME_BACK, "answers /health again"
+            )
         elif node.state == Node.State.UNKNOWN:
             node.state = Node.State.UP
     else:
         node.consecutive_failures += 1
         node.last_probe_error = result.error[:255]
         node.last_seen_load = None
-        event = _maybe_down(node, failure_threshold, f"{node.consecutive_failures} failed probes, "
-                                                     f"last: {result.error}")
+        event = _maybe_down(
+            node,
+            failure_threshold,
+            f"{node.consecutive_failures} failed probes, last: {result.error}",
+        )
     node.save()
     return event
 
@@ -91,7 +98,12 @@ def node_undrain(*, node_id: str) -> NodeEvent | None:
 
 
 def node_upsert(
-    *, node_id: str, address: str, package_id: int | None, cpu_set: str = "", threads: int = 1,
+    *,
+    node_id: str,
+    address: str,
+    package_id: int | None,
+    cpu_set: str = "",
+    threads: int = 1,
     weight: float = 1.0,
 ) -> tuple[Node, bool]:
     """Create or update a node by id (idempotent); returns ``(node, created)``.
@@ -100,14 +112,25 @@ def node_upsert(
     """
     node = Node.objects.filter(node_id=node_id).first()
     if node is None:
-        node = Node.objects.create(node_id=node_id, address=address, package_id=package_id,
-                                   cpu_set=cpu_set, threads=threads, weight=weight)
+        node = Node.objects.create(
+            node_id=node_id,
+            address=address,
+            package_id=package_id,
+            cpu_set=cpu_set,
+            threads=threads,
+            weight=weight,
+        )
         NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
         return node, True
     if node.address != address or node.package_id != package_id:
         node.state = Node.State.UNKNOWN if node.state != Node.State.DRAINING else node.state
         node.consecutive_failures = 0
         node.last_seen_load = None
-    node.address, node.package_id, node.cpu_set, node.threads = address, package_id, cpu_set, threads
+    node.address, node.package_id, node.cpu_set, node.threads = (
+        address,
+        package_id,
+        cpu_set,
+        threads,
+    )
     node.save()
     return node, False

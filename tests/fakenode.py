@@ -76,8 +76,10 @@ class FakeNode:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 node.requests.append({"body": body, "session": self.headers.get("X-Session-Id")})
                 if node.chat_status != 200:
-                    self._json(node.chat_status, {"error": {"message": "busy", "type": "x",
-                                                            "code": "queue_full"}})
+                    self._json(
+                        node.chat_status,
+                        {"error": {"message": "busy", "type": "x", "code": "queue_full"}},
+                    )
                     return
                 if body.get("stream"):
                     self._stream()
@@ -101,14 +103,23 @@ class FakeNode:
                             self.close_connection = True
                             return
                         time.sleep(node.token_delay)
-                        chunk = {"object": "chat.completion.chunk",
-                                 "choices": [{"index": 0, "delta": {"content": token},
-                                              "finish_reason": None}]}
+                        chunk = {
+                            "object": "chat.completion.chunk",
+                            "choices": [
+                                {"index": 0, "delta": {"content": token}, "finish_reason": None}
+                            ],
+                        }
                         self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
-                    last = {"object": "chat.completion.chunk", "choices": [],
-                            "usage": _usage(node), "timings": {"ttft_ms": 1.0}}
-                    stop = {"object": "chat.completion.chunk",
-                            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+                    last = {
+                        "object": "chat.completion.chunk",
+                        "choices": [],
+                        "usage": _usage(node),
+                        "timings": {"ttft_ms": 1.0},
+                    }
+                    stop = {
+                        "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    }
                     self._chunk(f"data: {json.dumps(stop)}\n\n".encode())
                     self._chunk(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
                     self.wfile.write(b"0\r\n\r\n")
@@ -129,15 +140,25 @@ class FakeNode:
 
 
 def _usage(node: FakeNode) -> dict[str, Any]:
-    return {"prompt_tokens": 10, "completion_tokens": len(node.tokens), "total_tokens": 13,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+    return {
+        "prompt_tokens": 10,
+        "completion_tokens": len(node.tokens),
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def _completion(node: FakeNode, text: str) -> dict[str, Any]:
-    return {"id": "chatcmpl-fake", "object": "chat.completion", "model": "fake",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop"}],
-            "usage": _usage(node), "timings": {"ttft_ms": 1.0}}
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": "fake",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": _usage(node),
+        "timings": {"ttft_ms": 1.0},
+    }
 
 
 def refused_address() -> str:
@@ -158,7 +179,7 @@ class HungListener:
 
     @property
     def address(self) -> str:
-        return "127.0.0.1:%d" % self.sock.getsockname()[1]
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
 
     def close(self) -> None:
         self.sock.close()

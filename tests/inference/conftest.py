@@ -15,8 +15,9 @@ MODEL = "smollm2-test"
 
 @pytest.fixture
 def package(transactional_db) -> ModelPackage:
-    return ModelPackage.objects.create(name=MODEL, version="1", gguf_path="/tmp/x.gguf",
-                                       sha256="0" * 64, quantization="Q4_1")
+    return ModelPackage.objects.create(
+        name=MODEL, version="1", gguf_path="/tmp/x.gguf", sha256="0" * 64, quantization="Q4_1"
+    )
 
 
 @pytest.fixture
@@ -28,11 +29,21 @@ def policy(transactional_db) -> RoutingPolicy:
     return policy
 
 
-def add_node(node_id: str, address: str, package: ModelPackage, *, load: float | None = 0.0,
-             state: str = Node.State.UP) -> Node:
+def add_node(
+    node_id: str,
+    address: str,
+    package: ModelPackage,
+    *,
+    load: float | None = 0.0,
+    state: str = Node.State.UP,
+) -> Node:
     return Node.objects.create(
-        node_id=node_id, address=address, package=package, state=state,
-        last_probe_at=timezone.now(), last_seen_load=None if load is None else {"load": load},
+        node_id=node_id,
+        address=address,
+        package=package,
+        state=state,
+        last_probe_at=timezone.now(),
+        last_seen_load=None if load is None else {"load": load},
     )
 
 

@@ -65,15 +65,24 @@ async def test_it_accepts_the_environment_token(fakes, monkeypatch):
         (json.dumps({"model": MODEL}), 400, "'messages' is required"),
         (json.dumps({"model": MODEL, "messages": []}), 400, "must not be empty"),
         (json.dumps({"model": MODEL, "messages": "hi"}), 400, "must be a list"),
-        (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": 5}]}), 400,
-         "messages[0].content"),
-        (json.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}), 400,
-         "messages[0].role"),
+        (
+            json.dumps({"model": MODEL, "messages": [{"role": "user", "content": 5}]}),
+            400,
+            "messages[0].content",
+        ),
+        (
+            json.dumps({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            "messages[0].role",
+        ),
         (json.dumps({"messages": [{"role": "user", "content": "x"}]}), 400, "'model' is required"),
         (body(max_tokens="ten"), 400, "'max_tokens'"),
         (body(stream="yes"), 400, "'stream'"),
-        (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}), 404,
-         "'gpt-9'"),
+        (
+            json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "'gpt-9'",
+        ),
     ],
 )
 async def test_it_names_the_problem_with_bad_input(fakes, auth, data, status, needle):
@@ -118,8 +127,10 @@ async def test_it_accepts_a_session_header_alias(fakes, auth):
 
 async def test_it_spreads_new_sessions_over_idle_nodes(fakes, auth):
     client = AsyncClient()
-    nodes = {(await post(client, body(), {**auth, "X-Session-Id": f"s{i}"}))["X-Phalanx-Node"]
-             for i in range(4)}
+    nodes = {
+        (await post(client, body(), {**auth, "X-Session-Id": f"s{i}"}))["X-Phalanx-Node"]
+        for i in range(4)
+    }
     assert nodes == {"node-01", "node-02"}
 
 
@@ -245,11 +256,24 @@ async def test_it_closes_the_upstream_when_the_client_goes_away(fakes, auth):
         if message["type"] == "http.response.body" and message.get("body"):
             gone.set()
 
-    headers = [(b"content-type", b"application/json"), (b"host", b"testserver"),
-               (b"authorization", auth["Authorization"].encode())]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"",
-             "headers": headers, "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"host", b"testserver"),
+        (b"authorization", auth["Authorization"].encode()),
+    ]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": CHAT,
+        "raw_path": CHAT.encode(),
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
     await asyncio.wait_for(app(scope, receive, send), timeout=30)
     for _ in range(300):
         if sum(f.disconnects for f in fakes.values()) == 1:

@@ -7,10 +7,18 @@ from inference.routing import Action, NodeView, NoNodeAvailable, least_loaded, r
 M = "smollm2"
 
 
-def node(node_id: str, *, state: str = "up", weight: float = 1.0, load: float | None = 0.0,
-         model: str | None = M, sessions: int = 0) -> NodeView:
-    return NodeView(node_id=node_id, state=state, weight=weight, load=load, model=model,
-                    sessions=sessions)
+def node(
+    node_id: str,
+    *,
+    state: str = "up",
+    weight: float = 1.0,
+    load: float | None = 0.0,
+    model: str | None = M,
+    sessions: int = 0,
+) -> NodeView:
+    return NodeView(
+        node_id=node_id, state=state, weight=weight, load=load, model=model, sessions=sessions
+    )
 
 
 def test_it_places_a_new_session_on_the_lowest_load():
@@ -72,8 +80,9 @@ def test_it_moves_a_session_off_a_failed_or_draining_node(state):
 
 def test_it_moves_a_session_off_a_node_that_failed_this_request():
     nodes = [node("node-01"), node("node-02")]
-    decision = route_request(nodes, model=M, pinned="node-02",
-                             exclude={"node-02": "unreachable: ConnectError"})
+    decision = route_request(
+        nodes, model=M, pinned="node-02", exclude={"node-02": "unreachable: ConnectError"}
+    )
     assert decision.reason == "moved to node-01: node-02 unreachable: ConnectError"
 
 
@@ -83,8 +92,9 @@ def test_it_moves_a_session_whose_node_was_removed():
 
 
 def test_it_balances_requests_without_a_session_key():
-    decision = route_request([node("node-01", load=0.2), node("node-02", load=0.1)], model=M,
-                             session=False)
+    decision = route_request(
+        [node("node-01", load=0.2), node("node-02", load=0.1)], model=M, session=False
+    )
     assert decision.node_id == "node-02"
     assert decision.action is Action.BALANCED
     assert not decision.pins

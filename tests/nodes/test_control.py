@@ -38,8 +38,13 @@ def test_it_marks_an_answering_node_up_with_its_load(fake, package):
 
 
 def test_it_marks_a_node_down_after_the_failure_threshold(package):
-    Node.objects.create(node_id="node-01", address=refused_address(), package=package,
-                        state=Node.State.UP, last_seen_load={"load": 0.1})
+    Node.objects.create(
+        node_id="node-01",
+        address=refused_address(),
+        package=package,
+        state=Node.State.UP,
+        last_seen_load={"load": 0.1},
+    )
     loop = ControlLoop()
     for _ in range(2):
         loop.tick()
@@ -53,8 +58,13 @@ def test_it_marks_a_node_down_after_the_failure_threshold(package):
 
 
 def test_it_brings_a_down_node_back_when_it_answers(fake, package):
-    Node.objects.create(node_id="node-01", address=fake.address, package=package,
-                        state=Node.State.DOWN, consecutive_failures=5)
+    Node.objects.create(
+        node_id="node-01",
+        address=fake.address,
+        package=package,
+        state=Node.State.DOWN,
+        consecutive_failures=5,
+    )
     report = ControlLoop().tick()
     node = Node.objects.get()
     assert node.state == Node.State.UP and node.consecutive_failures == 0
@@ -67,8 +77,9 @@ def test_it_detects_a_hung_node_by_timeout(package):
     policy.save()
     hung = HungListener()
     try:
-        Node.objects.create(node_id="node-01", address=hung.address, package=package,
-                            state=Node.State.UP)
+        Node.objects.create(
+            node_id="node-01", address=hung.address, package=package, state=Node.State.UP
+        )
         report = ControlLoop().tick()
     finally:
         hung.close()
@@ -85,8 +96,9 @@ def test_it_counts_a_loading_node_as_not_ready(fake, package):
 
 
 def test_it_keeps_a_draining_node_draining(fake, package):
-    Node.objects.create(node_id="node-01", address=fake.address, package=package,
-                        state=Node.State.UP)
+    Node.objects.create(
+        node_id="node-01", address=fake.address, package=package, state=Node.State.UP
+    )
     node_drain(node_id="node-01")
     ControlLoop().tick()
     assert Node.objects.get().state == Node.State.DRAINING
@@ -108,8 +120,13 @@ def test_it_uses_the_client_seam(package, monkeypatch):
 
 
 def test_it_marks_down_a_node_the_proxy_saw_fail(package):
-    Node.objects.create(node_id="node-01", address="127.0.0.1:1", package=package,
-                        state=Node.State.UP, last_probe_at=timezone.now())
+    Node.objects.create(
+        node_id="node-01",
+        address="127.0.0.1:1",
+        package=package,
+        state=Node.State.UP,
+        last_probe_at=timezone.now(),
+    )
     for _ in range(3):
         node_record_failure(node_id="node-01", reason="refused", failure_threshold=3)
     assert Node.objects.get().state == Node.State.DOWN

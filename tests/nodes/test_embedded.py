@@ -30,7 +30,9 @@ def test_it_bootstraps_the_inventory_idempotently(model_file):
     package = ModelPackage.objects.get()
     assert package.name == embedded.BUNDLED_PACKAGE_NAME and package.quantization == "Q4_1"
     assert list(Node.objects.values_list("node_id", "address")) == [
-        ("node-01", "127.0.0.1:9401"), ("node-02", "127.0.0.1:9402")]
+        ("node-01", "127.0.0.1:9401"),
+        ("node-02", "127.0.0.1:9402"),
+    ]
     assert all(n.package_id == package.pk and n.cpu_set for n in Node.objects.all())
     assert first.operator_password and second.operator_password is None
     assert get_user_model().objects.get(username="operator").is_superuser
@@ -52,10 +54,23 @@ def test_it_rejects_zero_nodes(model_file):
 def test_it_builds_the_node_command_line(model_file):
     result = embedded.array_bootstrap(nodes=1)
     argv = embedded.node_command(result.nodes[0], model_path=model_file, package=result.package)
-    assert argv[2:] == ["runnode", "--id", "node-01", "--listen", "127.0.0.1:9401",
-                        "--model", str(model_file), "--package", embedded.BUNDLED_PACKAGE_NAME,
-                        "--sha256", result.package.sha256, "--threads", "1", "--cpus",
-                        result.nodes[0].cpu_set]
+    assert argv[2:] == [
+        "runnode",
+        "--id",
+        "node-01",
+        "--listen",
+        "127.0.0.1:9401",
+        "--model",
+        str(model_file),
+        "--package",
+        embedded.BUNDLED_PACKAGE_NAME,
+        "--sha256",
+        result.package.sha256,
+        "--threads",
+        "1",
+        "--cpus",
+        result.nodes[0].cpu_set,
+    ]
 
 
 def test_it_stops_every_child():
@@ -71,9 +86,16 @@ def test_it_kills_a_child_that_ignores_sigterm(tmp_path):
 
     ready = tmp_path / "ready"
     supervisor = embedded.Supervisor()
-    supervisor.start("stubborn", [sys.executable, "-c",
-                                  "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-                                  "open(sys.argv[1], 'w').close(); time.sleep(60)", str(ready)])
+    supervisor.start(
+        "stubborn",
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "open(sys.argv[1], 'w').close(); time.sleep(60)",
+            str(ready),
+        ],
+    )
     for _ in range(200):
         if ready.exists():
             break

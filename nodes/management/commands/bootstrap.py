@@ -12,14 +12,18 @@ from nodes.embedded import OPERATOR, BootstrapResult, array_bootstrap
 
 def describe(result: BootstrapResult) -> list[str]:
     """Lines for the operator: package, nodes, login, token."""
-    lines = [f"package {result.package.key} ({result.package.quantization}, "
-             f"ctx {result.package.context_window}) at {result.model_path}"]
+    lines = [
+        f"package {result.package.key} ({result.package.quantization}, "
+        f"ctx {result.package.context_window}) at {result.model_path}"
+    ]
     lines += [f"node {n.node_id} at {n.address}, cpus {n.cpu_set}" for n in result.nodes]
     if result.operator_password:
         lines.append(f"operator login: {OPERATOR} / {result.operator_password}")
     else:
-        lines.append(f"operator login: {OPERATOR} (password set earlier; "
-                     f"change it with: manage.py changepassword {OPERATOR})")
+        lines.append(
+            f"operator login: {OPERATOR} (password set earlier; "
+            f"change it with: manage.py changepassword {OPERATOR})"
+        )
     if result.api_token:
         lines.append(f"API token: {result.api_token}")
     elif os.environ.get(ENV_TOKEN):

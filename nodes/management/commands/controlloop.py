@@ -22,7 +22,9 @@ class Command(BaseCommand):
             for node_id, status in report.statuses.items():
                 self.stdout.write(f"{node_id}: {status}")
             for event in report.events:
-                self.stdout.write(f"{event.node.node_id}: {event.get_kind_display()} ({event.message})")
+                self.stdout.write(
+                    f"{event.node.node_id}: {event.get_kind_display()} ({event.message})"
+                )
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: loop.stop())

@@ -39,8 +39,12 @@ class Command(BaseCommand):
         parser.add_argument("--nodes", type=int, default=2)
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1", help="control plane bind address")
-        parser.add_argument("--stop-timeout", type=float, default=10.0,
-                            help="seconds to wait after SIGTERM before SIGKILL")
+        parser.add_argument(
+            "--stop-timeout",
+            type=float,
+            default=10.0,
+            help="seconds to wait after SIGTERM before SIGKILL",
+        )
 
     def handle(self, *args, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -57,13 +61,16 @@ class Command(BaseCommand):
             supervisor.start("control plane", control_plane_command(port=port, host=host))
             supervisor.start("control loop", control_loop_command())
             for node in result.nodes:
-                supervisor.start(node.node_id, node_command(node, model_path=result.model_path,
-                                                            package=result.package))
+                supervisor.start(
+                    node.node_id,
+                    node_command(node, model_path=result.model_path, package=result.package),
+                )
             ready = wait_for_port(host, port, timeout=60)
             for line in describe(result):
                 self.stdout.write(line)
-            self.stdout.write(f"console: http://{host}:{port}/admin/"
-                              + ("" if ready else " (not answering yet)"))
+            self.stdout.write(
+                f"console: http://{host}:{port}/admin/" + ("" if ready else " (not answering yet)")
+            )
             self.stdout.write(f"OpenAI base URL: http://{host}:{port}/v1")
             self.stdout.write("Ctrl-C stops everything.")
             code = self._watch(supervisor)
