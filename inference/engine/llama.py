@@ -168,6 +168,10 @@ class LlamaContext:
         """Drop every cell of ``seq_id`` at position ``keep`` and beyond (``keep=0``: all)."""
         C.llama_memory_seq_rm(self.memory, seq_id, keep, -1)
 
+    def seq_share(self, src: int, dst: int, count: int) -> None:
+        """Give ``dst`` the first ``count`` cells of ``src`` (shared cells, no copy: unified KV)."""
+        C.llama_memory_seq_cp(self.memory, src, dst, 0, count)
+
     def clear(self) -> None:
         """Empty the whole KV cache (every sequence)."""
         C.llama_memory_clear(self.memory, True)
@@ -205,6 +209,10 @@ class TokenBatch:
     @property
     def room(self) -> int:
         return self.capacity - self.size
+
+    def seq_share(self, src: int, dst: int, count: int) -> None:
+        """Give ``dst`` the first ``count`` cells of ``src`` (shared cells, no copy: unified KV)."""
+        C.llama_memory_seq_cp(self.memory, src, dst, 0, count)
 
     def clear(self) -> None:
         self.size = 0

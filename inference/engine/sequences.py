@@ -17,6 +17,7 @@ from typing import Protocol
 
 class KvStore(Protocol):
     def seq_truncate(self, seq_id: int, keep: int) -> None: ...
+    def seq_share(self, src: int, dst: int, count: int) -> None: ...
     def state_export(self, seq_id: int) -> bytes: ...
     def state_import(self, seq_id: int, blob: bytes) -> None: ...
 
@@ -152,13 +153,32 @@ class SequenceTable:
                 return None
             seq.session_id = session_id
             restored = self._restore_from_host(seq, session_id)
-        keep = common_prefix_len(seq.tokens, prompt) if self.prefix_reuse else 0
-        keep = min(keep, len(prompt) - 1)
+        keep = self._reuse(seq, prompt) if self.prefix_reuse else 0
         self.kv.seq_truncate(seq.seq_id, keep)
         del seq.tokens[keep:]
         seq.busy = True
         seq.last_used = self.clock()
         return Assignment(sequence=seq, cached_tokens=keep, restored_from_host=restored)
+
+    def _reuse(self, seq: Sequence, prompt: list[int]) -> int:
+        """Cells of ``seq`` to keep for ``prompt``: its own prefix, or a longer one shared from
+        another sequence (a system prompt common to many sessions is prefilled once).
+
+        At least one prompt token is always left to prefill, so the request gets logits."""
+        limit = len(prompt) - 1
+        own = min(common_prefix_len(seq.tokens, prompt), limit)
+        donor, shared = None, own
+        for other in self.sequences:
+            if other is not seq:
+                n = min(common_prefix_len(other.tokens, prompt), limit)
+                if n > shared:
+                    donor, shared = other, n
+        if donor is None:
+            return own
+        self.kv.seq_truncate(seq.seq_id, 0)
+        self.kv.seq_share(donor.seq_id, seq.seq_id, shared)
+        seq.tokens[:] = prompt[:shared]
+        return shared
 
     def release(self, seq: Sequence) -> None:
         seq.busy = False

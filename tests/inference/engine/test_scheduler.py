@@ -118,6 +118,7 @@ def test_it_round_trips_idle_kv_through_host_ram() -> None:
 
         restored = two_turns("spilled", between=crowd_out)
         assert engine.stats.restored_from_host_total == 1
+        engine.clear_cache().result(10)  # "resident" computes its first turn from scratch too
         assert restored == two_turns("resident")
         assert engine.stats.restored_from_host_total == 1
     finally:
@@ -150,3 +151,17 @@ def test_it_answers_queue_full_past_its_bound() -> None:
             r.wait()
     finally:
         engine.stop()
+
+
+def test_it_shares_a_common_system_prompt_across_sessions(driver: EngineDriver) -> None:
+    driver.engine.clear_cache().result(10)
+    system = {"role": "system", "content": "You are a careful agent. " * 30}
+    first = driver.chat([system, *user("Plan a trip to Rome.")], session="share-a")
+    second = driver.chat([system, *user("Plan a trip to Oslo.")], session="share-b")
+    system_tokens = len(driver.tokens([system]))
+    assert first.cached_tokens == 0
+    assert second.cached_tokens >= system_tokens - 8  # the template's turn opener may differ
+    # Both sessions keep their own sequence, and the first session's next turn still reuses.
+    third = driver.chat([system, *user("Plan a trip to Rome."), {"role": "assistant", "content": first.text},
+                         *user("And the budget?")], session="share-a")
+    assert third.cached_tokens > first.prompt_tokens - 2
