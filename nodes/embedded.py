@@ -82,9 +82,11 @@ def package_register_bundled(model_path: Path) -> ModelPackage:
     return package
 
 
-def array_bootstrap(*, nodes: int, mint_token: bool = True) -> BootstrapResult:
+def array_bootstrap(
+    *, nodes: int, mint_token: bool = True, node_base_port: int = NODE_BASE_PORT
+) -> BootstrapResult:
     """Make the embedded array's inventory (idempotent): the bundled model on disk and
-    registered, nodes ``node-01..node-NN`` at ``127.0.0.1:9401..``, one CPU each, an operator
+    registered, nodes ``node-01..node-NN`` at ``127.0.0.1:<node_base_port>..``, one CPU each, an operator
     superuser, and a fresh API token unless ``$PHALANX_API_TOKEN`` is set.
 
     ``$PHALANX_OPERATOR_PASSWORD``, when set, becomes the operator's password (created or not).
@@ -99,7 +101,7 @@ def array_bootstrap(*, nodes: int, mint_token: bool = True) -> BootstrapResult:
         made = [
             node_upsert(
                 node_id=f"node-{i + 1:02d}",
-                address=f"{NODE_HOST}:{NODE_BASE_PORT + i}",
+                address=f"{NODE_HOST}:{node_base_port + i}",
                 package_id=package.pk,
                 cpu_set=node_cpu(i),
                 threads=1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +106,7 @@ class NodeApp:
             return await send_json(send, 503, {"status": "loading"}, {**self.headers, "retry-after": RETRY_AFTER_S})
         snap = self.engine.snapshot()
         return await send_json(send, 200, {
-            "status": "ok", "node": self.identity.node_id, "model": self.identity.package,
+            "status": "ok", "node": self.identity.node_id, "model": self.identity.package, "pid": os.getpid(),
             "sequences_active": snap["sequences_active"], "queue_depth": snap["queue_depth"],
         }, self.headers)
 

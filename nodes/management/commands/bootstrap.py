@@ -36,10 +36,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--nodes", type=int, default=2)
+        parser.add_argument("--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1")
 
     def handle(self, *args, **options) -> None:
         try:
-            result = array_bootstrap(nodes=options["nodes"])
+            result = array_bootstrap(nodes=options["nodes"], node_base_port=options["node_port"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         for line in describe(result):

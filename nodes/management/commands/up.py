@@ -37,6 +37,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--nodes", type=int, default=2)
+        parser.add_argument("--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1", help="control plane bind address")
         parser.add_argument(
@@ -49,7 +50,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         try:
-            result = array_bootstrap(nodes=options["nodes"])
+            result = array_bootstrap(nodes=options["nodes"], node_base_port=options["node_port"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         supervisor = Supervisor()

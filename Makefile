@@ -1,0 +1,33 @@
+# Phalanx: the two set-up commands of the README.
+#   make run    create .venv, install, fetch the bundled model, migrate, register, start the array
+#   make test   create .venv, install with test extras (and Debian's chromium), run the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+NODES ?= 2
+
+.PHONY: run test bench-quick install browser
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,scale,bench]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) manage.py up --nodes $(NODES) --port $(PORT)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+test: install browser
+	$(PY) manage.py check
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench-quick: install
+	$(PY) bench/engine_concurrency.py --quick
+	$(PY) bench/multiturn.py --quick

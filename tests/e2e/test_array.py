@@ -1,0 +1,124 @@
+"""End to end: ``manage.py up`` with two real node agents and the real bundled model on loopback.
+
+Chats through the control plane with the ``openai`` package and over the session websocket, and
+checks pinning, spreading, KV reuse on the second turn and failover after a node is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+from websockets.sync.client import connect
+
+from tests.support.processes import bundled_model_path, free_port, spawn, wait_healthy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+TOKEN = "phx_e2e_test_token_0123456789"
+MODEL = "smollm2-135m-instruct-q4_1"
+
+
+@pytest.fixture(scope="module")
+def array(tmp_path_factory):
+    home = tmp_path_factory.mktemp("phalanx-home")
+    (home / "models").mkdir()
+    model = bundled_model_path()
+    (home / "models" / model.name).symlink_to(model)
+    port, node_port = free_port(), free_port()
+    env = {"PHALANX_HOME": str(home), "PHALANX_API_TOKEN": TOKEN, "PHALANX_OPERATOR_PASSWORD": "e2e-pass"}
+    proc = spawn([sys.executable, "manage.py", "up", "--nodes", "2", "--port", str(port),
+                  "--node-port", str(node_port)], home / "up.log", env=env)
+    try:
+        nodes = [f"http://127.0.0.1:{node_port + i}" for i in range(2)]
+        for url in nodes:
+            wait_healthy(url, proc)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60  # the control loop marks the nodes up
+        while time.monotonic() < deadline:
+            models = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+            if models.status_code == 200 and models.json()["data"]:
+                break
+            time.sleep(0.5)
+        yield {"base": base, "port": port, "nodes": nodes, "proc": proc}
+    finally:
+        proc.stop(timeout=20)
+        assert proc.popen.returncode is not None
+
+
+def client(array) -> OpenAI:
+    return OpenAI(base_url=f"{array['base']}/v1", api_key=TOKEN, max_retries=0, timeout=120)
+
+
+def turn(array, session: str, messages: list[dict]) -> tuple[str, dict]:
+    raw = client(array).chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0,
+        extra_headers={"X-Session-Id": session})
+    completion = raw.parse()
+    return raw.headers["x-phalanx-node"], completion.model_dump()
+
+
+def test_it_keeps_a_session_on_one_node_and_reuses_its_kv(array) -> None:
+    history = [{"role": "user", "content": "Name a planet."}]
+    node1, first = turn(array, "e2e-pin", history)
+    history += [first["choices"][0]["message"], {"role": "user", "content": "Another one?"}]
+    node2, second = turn(array, "e2e-pin", history)
+    assert node1 == node2
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+
+
+def test_it_spreads_new_sessions_over_both_nodes(array) -> None:
+    seen = {turn(array, f"e2e-spread-{i}", [{"role": "user", "content": "Hi"}])[0] for i in range(4)}
+    assert seen == {"node-01", "node-02"}
+
+
+def test_it_streams_token_by_token_through_the_sdk(array) -> None:
+    stream = client(array).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a short poem."}], max_tokens=24,
+        stream=True, extra_headers={"X-Session-Id": "e2e-stream"})
+    deltas = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(deltas) > 5
+
+
+def test_it_chats_over_the_websocket_with_a_server_side_transcript(array) -> None:
+    url = f"ws://127.0.0.1:{array['port']}/ws/sessions/e2e-ws/?token={TOKEN}"
+    done_events = []
+    with connect(url) as ws:
+        for text in ("Name a colour.", "And another?"):
+            ws.send(json.dumps({"type": "user", "content": text, "max_tokens": 12}))
+            deltas = []
+            while True:
+                event = json.loads(ws.recv(timeout=120))
+                if event["type"] == "delta":
+                    deltas.append(event["content"])
+                else:
+                    break
+            assert event["type"] == "done", event
+            assert "".join(deltas) == event["content"]
+            done_events.append(event)
+    assert done_events[0]["node"] == done_events[1]["node"]
+    assert done_events[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_it_rejects_a_wrong_token(array) -> None:
+    r = httpx.post(f"{array['base']}/v1/chat/completions", headers={"Authorization": "Bearer nope"},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 401 and r.json()["error"]["message"]
+
+
+def test_it_moves_a_session_when_its_node_is_killed(array) -> None:
+    history = [{"role": "user", "content": "Tell me about cats."}]
+    node, first = turn(array, "e2e-failover", history)
+    index = int(node[-2:]) - 1
+    pid = httpx.get(f"{array['nodes'][index]}/health").json().get("pid")
+    assert pid, "node /health reports its pid"
+    os.kill(pid, signal.SIGKILL)
+    history += [first["choices"][0]["message"], {"role": "user", "content": "And dogs?"}]
+    moved_to, second = turn(array, "e2e-failover", history)
+    assert moved_to != node
+    assert second["choices"][0]["message"]["content"]
