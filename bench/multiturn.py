@@ -88,9 +88,9 @@ def run_node(name: str, log_dir: Path, sessions: int, turns: int, extra: list[st
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="4 sessions x 3 turns, within 60 s")
+    parser.add_argument("--quick", action="store_true", help="2 sessions x 3 turns, within 60 s")
     args = parser.parse_args()
-    sessions, turns = (4, 3) if args.quick else (8, 10)
+    sessions, turns = (2, 3) if args.quick else (8, 10)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-multiturn-"))
     reuse = run_node("reuse", log_dir, sessions, turns, [])
     none = run_node("no-reuse", log_dir, sessions, turns, ["--no-prefix-reuse"])
