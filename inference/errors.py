@@ -77,6 +77,14 @@ class NoHealthyNode(ProxyError):
     code = "no_healthy_node"
 
 
+class ArrayFull(ProxyError):
+    """Every node that could take the request is at a hard limit (429 with Retry-After)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "array_full"
+
+
 class UpstreamError(ProxyError):
     """The node broke after it started answering (502)."""
 

@@ -68,6 +68,11 @@ class RoutingPolicy(models.Model):
 
     class FailoverStrategy(models.TextChoices):
         STICK_AND_REDIRECT = "stick_and_redirect", "Stick, redirect when the node fails or drains"
+        STICK_AND_REBALANCE = (
+            "stick_and_rebalance",
+            "Stick, redirect on failure or drain, and move off an overloaded node (hysteresis)",
+        )
+        LEAST_LOADED = "least_loaded", "No affinity: every request to the least loaded node"
 
     session_header = models.CharField(max_length=64, default="X-Session-Id")
     health_interval_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
@@ -89,6 +94,50 @@ class RoutingPolicy(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Nodes tried for one request when it fails before its first byte.",
     )
+    retry_backoff_ms = models.PositiveIntegerField(
+        default=50,
+        help_text="Wait before the 2nd attempt (ms); doubles per attempt, capped at 1 s.",
+    )
+    recovery_threshold = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MinValueValidator(1)],
+        help_text="Consecutive good probes before a down node is up again (flap damping).",
+    )
+    session_idle_release_s = models.FloatField(
+        default=1800.0,
+        validators=[MinValueValidator(1.0)],
+        help_text="A session idle this long loses its pin; its next turn is placed afresh (s).",
+    )
+    overload_threshold = models.FloatField(
+        default=1.5,
+        validators=[MinValueValidator(0.1)],
+        help_text="Load per weight at which a pinned session may move (stick_and_rebalance).",
+    )
+    rebalance_target = models.FloatField(
+        default=0.5,
+        validators=[MinValueValidator(0.0)],
+        help_text="A rebalanced session only moves to a node below this load per weight.",
+    )
+    move_cooldown_s = models.FloatField(
+        default=120.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="A session that moved for load does not move for load again within this (s).",
+    )
+    canary_idle_s = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="After this long without traffic, health checks add a 1-token completion "
+        "(s; 0 turns canaries off).",
+    )
+    canary_timeout_s = models.FloatField(default=10.0, validators=[MinValueValidator(0.1)])
+    max_inflight_per_node = models.PositiveIntegerField(
+        default=64,
+        help_text="Requests one control-plane process keeps open to one node; past it, 429.",
+    )
+    max_inflight = models.PositiveIntegerField(
+        default=512,
+        help_text="Requests one control-plane process keeps open in all; past it, 429.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -96,6 +145,17 @@ class RoutingPolicy(models.Model):
 
     def __str__(self) -> str:
         return "Routing policy"
+
+    def clean(self) -> None:
+        errors = {}
+        if self.rebalance_target >= self.overload_threshold:
+            errors["rebalance_target"] = (
+                "Must be below overload_threshold, or sessions would bounce between nodes."
+            )
+        if not self.session_header.strip() or any(c in self.session_header for c in " :\r\n"):
+            errors["session_header"] = "Must be an HTTP header name such as X-Session-Id."
+        if errors:
+            raise ValidationError(errors)
 
     def save(self, *args, **kwargs) -> None:
         self.pk = 1
@@ -133,6 +193,7 @@ class SessionRoute(models.Model):
     )
     turns = models.PositiveIntegerField(default=0)
     moves = models.PositiveIntegerField(default=0)
+    moved_for_load_at = models.DateTimeField(null=True, blank=True)
     transcript = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(auto_now=True, db_index=True)
@@ -150,6 +211,8 @@ class RouteDecision(models.Model):
     class Action(models.TextChoices):
         PLACED = "placed", "Placed"
         MOVED = "moved", "Moved"
+        RELEASED = "released", "Released"
+        KV_MOVED = "kv_moved", "KV moved"
 
     route = models.ForeignKey(SessionRoute, on_delete=models.CASCADE, related_name="decisions")
     action = models.CharField(max_length=16, choices=Action.choices)

@@ -1,18 +1,27 @@
 """Routing as pure functions over plain data: which node serves this request, and why.
 
 Nothing here touches the database or the network; ``inference.services`` builds the
-``NodeView`` list from the inventory and records the ``Decision``.
+``NodeView`` list from the inventory and the ``Limits`` from the policy, and records the
+``Decision``. Design notes: docs/control-plane.md, "Routing".
 
-Rules (docs/routing.md, ARCHITECTURE.md "Routing"):
-
-- candidates are nodes that are ``up`` (not down, draining or unknown), serve the requested
-  model and are not excluded for this request (a node that just failed it);
-- a new session, or a request without a session key, goes to the candidate with the lowest
-  ``load / weight``; a node whose load is unknown (``None``) is never taken for idle and is only
-  chosen when no candidate has a known load; ties go to the node with fewer pinned sessions per
-  weight, then to the lower node id (deterministic);
-- an existing session sticks to its node while that node is a candidate, otherwise it moves
-  (stick_and_redirect) and the reason names what happened to the old node.
+- Candidates are nodes that are ``up`` (not down, draining or unknown), serve the requested
+  model, have weight > 0 and are not excluded for this request (a node that just failed it).
+- A node's **score** (``node_score``) is its sequence load (the larger of the node's own
+  ``(active + queued) / sequences`` and this process's open requests over sequences, which is
+  fresher than the last scrape) plus ``PIN_WEIGHT`` x pinned sessions over its session capacity
+  plus ``KV_WEIGHT`` x KV used over its KV budget. A node with no load signal has no score and is
+  never taken for idle: it is only chosen when no candidate has a known score.
+- A node is **full** for new sessions at ``max_sessions`` pinned sessions or at its explicit KV
+  budget, and full for any request at ``max_inflight_per_node`` open requests. New sessions go
+  to the non-full candidate with the lowest score per weight; when every candidate is full the
+  request is refused (``Saturated``: 429 with Retry-After), never queued without bound.
+- An existing session sticks to its node while it is a candidate. It moves when its node
+  failed, drains or left the pool (every strategy but ``least_loaded``), or, under
+  ``stick_and_rebalance``, when its node's score per weight is at or above
+  ``overload_threshold`` *and* another node is at or below ``rebalance_target`` *and* the
+  session did not move for load within the cooldown: the gap between the two thresholds and the
+  cooldown are the hysteresis that stops sessions bouncing between nodes.
+- ``least_loaded`` routes every request by score and never pins.
 """
 
 from __future__ import annotations
@@ -21,20 +30,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+PIN_WEIGHT = 0.5  # a node whose session capacity is fully pinned counts as half busy
+KV_WEIGHT = 0.25  # a node whose KV budget is full counts as a quarter busy
+
+STICK_AND_REDIRECT = "stick_and_redirect"
+STICK_AND_REBALANCE = "stick_and_rebalance"
+LEAST_LOADED = "least_loaded"
+
 
 class Action(StrEnum):
     PLACED = "placed"  # a new session pinned to a node
     STUCK = "stuck"  # an existing session stays on its node
     MOVED = "moved"  # an existing session redirected to another node
-    BALANCED = "balanced"  # a request without a session key, not pinned
+    BALANCED = "balanced"  # a request without a session key (or least_loaded), not pinned
 
 
 @dataclass(frozen=True)
 class NodeView:
     """What routing needs to know about a node.
 
-    ``load`` is the node's load figure (0 idle, 1 every sequence busy, above 1 queueing) or
-    ``None`` when unknown; ``sessions`` is the number of sessions pinned to it.
+    ``load``: the node's own sequence load from its metrics (0 idle, 1 every sequence busy,
+    above 1 queueing) or ``None`` when unknown. ``sessions``: sessions pinned to it.
+    ``total``: configured sequences (None when unknown). ``kv_used`` / ``kv_capacity``: KV tokens
+    from its metrics. ``max_sessions`` / ``kv_budget``: operator limits (0 = none).
+    ``inflight``: requests this control-plane process has open to it right now.
     """
 
     node_id: str
@@ -44,15 +63,37 @@ class NodeView:
     model: str | None  # name of the package it serves
     sessions: int = 0
     affinity: bool = True
+    total: float | None = None
+    kv_used: float | None = None
+    kv_capacity: float | None = None
+    max_sessions: int = 0
+    kv_budget: int = 0
+    inflight: int = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The routing policy's knobs, as plain data (see ``RoutingPolicy``)."""
+
+    strategy: str = STICK_AND_REDIRECT
+    overload_threshold: float = 1.5
+    rebalance_target: float = 0.5
+    max_inflight_per_node: int = 0  # 0: no limit
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Where a request goes: ``node_id``, what kind of decision and a sentence for the log."""
+    """Where a request goes: ``node_id``, what kind of decision and a sentence for the log.
+
+    ``for_load`` is True for a move off an overloaded node (starts the session's cooldown);
+    ``previous`` is the node the session leaves on a move.
+    """
 
     node_id: str
     action: Action
     reason: str
+    for_load: bool = False
+    previous: str | None = None
 
     @property
     def pins(self) -> bool:
@@ -62,6 +103,10 @@ class Decision:
 
 class NoNodeAvailable(Exception):
     """No healthy node serves the model; the message says why."""
+
+
+class Saturated(Exception):
+    """Every healthy node for the model is at a hard limit; the message says which."""
 
 
 def candidates(
@@ -76,22 +121,68 @@ def candidates(
     ]
 
 
+def node_score(node: NodeView) -> float | None:
+    """Load figure of a node (unitless, 0 idle, 1 busy), or None when its load is unknown.
+
+    ``max(load, inflight / total) + PIN_WEIGHT * pinned / capacity + KV_WEIGHT * kv / budget``;
+    capacity is ``max_sessions`` or else the sequences; budget is ``kv_budget`` or else the
+    node's KV capacity. Terms whose denominator is unknown count 0.
+    """
+    if node.load is None:
+        return None
+    seq = node.load
+    if node.total:
+        seq = max(seq, node.inflight / node.total)
+    capacity = node.max_sessions or node.total or 0
+    pins = node.sessions / capacity if capacity else 0.0
+    budget = node.kv_budget or node.kv_capacity or 0
+    kv = (node.kv_used or 0.0) / budget if budget else 0.0
+    return seq + PIN_WEIGHT * pins + KV_WEIGHT * kv
+
+
+def per_weight(node: NodeView) -> float | None:
+    """``node_score / weight`` (None when unknown)."""
+    score = node_score(node)
+    return None if score is None else score / node.weight
+
+
 def _load_key(node: NodeView) -> tuple[int, float, float, str]:
-    unknown = node.load is None
-    per_weight = 0.0 if node.load is None else node.load / node.weight
-    return (1 if unknown else 0, per_weight, node.sessions / node.weight, node.node_id)
+    figure = per_weight(node)
+    return (
+        1 if figure is None else 0,
+        0.0 if figure is None else figure,
+        node.sessions / node.weight,
+        node.node_id,
+    )
 
 
 def least_loaded(nodes: Sequence[NodeView]) -> NodeView:
-    """The node with the lowest load per weight (unknown load last); ``nodes`` must not be empty."""
+    """The node with the lowest score per weight (unknown last); ``nodes`` must not be empty."""
     return min(nodes, key=_load_key)
 
 
+def busy_for_request(node: NodeView, limits: Limits) -> str | None:
+    """Why ``node`` cannot take one more request right now, or None."""
+    if limits.max_inflight_per_node and node.inflight >= limits.max_inflight_per_node:
+        return f"{node.inflight}/{limits.max_inflight_per_node} requests open"
+    return None
+
+
+def full_for_session(node: NodeView, limits: Limits) -> str | None:
+    """Why ``node`` cannot take a new session right now, or None."""
+    if node.max_sessions and node.sessions >= node.max_sessions:
+        return f"{node.sessions}/{node.max_sessions} sessions"
+    if node.kv_budget and node.kv_used is not None and node.kv_used >= node.kv_budget:
+        return f"KV {node.kv_used:.0f}/{node.kv_budget} tokens"
+    return busy_for_request(node, limits)
+
+
 def _placement_reason(verb: str, chosen: NodeView, pool: Sequence[NodeView]) -> str:
-    if chosen.load is None:
+    figure_value = per_weight(chosen)
+    if figure_value is None:
         figure = "load unknown on every candidate"
     else:
-        figure = f"lowest load {chosen.load / chosen.weight:.2f}"
+        figure = f"lowest load {figure_value:.2f}"
     noun = "candidate" if len(pool) == 1 else "candidates"
     return f"{verb} {chosen.node_id}: {figure} of {len(pool)} {noun}"
 
@@ -108,6 +199,30 @@ def _why_not(node: NodeView | None, pinned: str, model: str, exclude: Mapping[st
     return f"{pinned} has weight 0"
 
 
+def _rebalance(
+    current: NodeView, pool: Sequence[NodeView], limits: Limits
+) -> Decision | None:
+    here = per_weight(current)
+    if here is None or here < limits.overload_threshold:
+        return None
+    others = [
+        n
+        for n in pool
+        if n.node_id != current.node_id
+        and full_for_session(n, limits) is None
+        and (per_weight(n) is not None)
+        and per_weight(n) <= limits.rebalance_target  # type: ignore[operator]
+    ]
+    if not others:
+        return None
+    target = least_loaded(others)
+    reason = (
+        f"moved to {target.node_id}: {current.node_id} overloaded (load {here:.2f} >= "
+        f"{limits.overload_threshold:g}), {target.node_id} at {per_weight(target):.2f}"
+    )
+    return Decision(target.node_id, Action.MOVED, reason, for_load=True, previous=current.node_id)
+
+
 def route_request(
     nodes: Sequence[NodeView],
     *,
@@ -115,29 +230,55 @@ def route_request(
     pinned: str | None = None,
     session: bool = True,
     exclude: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+    may_move_for_load: bool = True,
 ) -> Decision:
     """Decide where a request for ``model`` goes.
 
     ``pinned`` is the node id the session is pinned to (None for a new session), ``session``
     False for a request without a session key (routed by load, never pinned), ``exclude`` maps
-    node ids that already failed this request to a short reason ("unreachable: ConnectError").
+    node ids that already failed this request to a short reason ("unreachable: ConnectError"),
+    ``limits`` the policy's knobs, ``may_move_for_load`` False while the session's cooldown runs.
 
-    Raises ``NoNodeAvailable`` when no candidate is left.
+    Raises ``NoNodeAvailable`` when no candidate is left, ``Saturated`` when every candidate is
+    at a hard limit (or the pinned node is at its open-request limit).
     """
+    limits = limits or Limits()
     excluded = exclude or {}
     pool = candidates(nodes, model=model, exclude=excluded)
     by_id = {n.node_id: n for n in nodes}
-    if pinned is not None and any(n.node_id == pinned for n in pool):
-        return Decision(pinned, Action.STUCK, f"stuck on {pinned}")
+    if limits.strategy == LEAST_LOADED:
+        session, pinned = False, None
+    current = next((n for n in pool if n.node_id == pinned), None)
+    if current is not None:
+        busy = busy_for_request(current, limits)
+        if busy is not None:
+            raise Saturated(f"{current.node_id}, where the session is pinned, has {busy}")
+        if limits.strategy == STICK_AND_REBALANCE and may_move_for_load:
+            moved = _rebalance(current, pool, limits)
+            if moved is not None:
+                return moved
+        return Decision(current.node_id, Action.STUCK, f"stuck on {current.node_id}")
     if not pool:
         raise NoNodeAvailable(_no_node_message(nodes, model=model, exclude=excluded))
-    chosen = least_loaded(pool)
+    check = full_for_session if session else busy_for_request
+    open_pool = [n for n in pool if check(n, limits) is None]
+    if not open_pool:
+        states = ", ".join(f"{n.node_id} {check(n, limits)}" for n in pool)
+        raise Saturated(f"every node serving {model!r} is full ({states})")
+    chosen = least_loaded(open_pool)
     if not session:
-        return Decision(chosen.node_id, Action.BALANCED, _placement_reason("sent to", chosen, pool))
+        return Decision(
+            chosen.node_id, Action.BALANCED, _placement_reason("sent to", chosen, open_pool)
+        )
     if pinned is None:
-        return Decision(chosen.node_id, Action.PLACED, _placement_reason("placed on", chosen, pool))
+        return Decision(
+            chosen.node_id, Action.PLACED, _placement_reason("placed on", chosen, open_pool)
+        )
     why = _why_not(by_id.get(pinned), pinned, model, excluded)
-    return Decision(chosen.node_id, Action.MOVED, f"moved to {chosen.node_id}: {why}")
+    return Decision(
+        chosen.node_id, Action.MOVED, f"moved to {chosen.node_id}: {why}", previous=pinned
+    )
 
 
 def _no_node_message(nodes: Sequence[NodeView], *, model: str, exclude: Mapping[str, str]) -> str:

@@ -17,9 +17,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from inference.errors import AuthError, NoHealthyNode, UnknownModel
+from inference.errors import ArrayFull, AuthError, NoHealthyNode, UnknownModel
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
-from inference.routing import Decision, NoNodeAvailable, route_request
+from inference.routing import Decision, Limits, NoNodeAvailable, Saturated, route_request
 from nodes.models import Node
 from nodes.selectors import nodes_for_routing
 
@@ -138,16 +138,40 @@ def bearer_token(authorization: str | None) -> str | None:
 
 # --- routing table --------------------------------------------------------------------------
 
+DECISION_LOG_LENGTH = 50  # decisions kept per session, newest last
+
 
 @dataclass(frozen=True)
 class RouteTarget:
     """Where to send one attempt of a request: node id and address, the package name the node
-    serves (sent as ``model``), and the routing decision."""
+    serves (sent as ``model``), and the routing decision. ``kv_source`` is the address of the
+    node a moving session leaves when that node is still reachable (draining, or up and
+    overloaded), so the proxy can carry the session's KV over instead of prefilling again."""
 
     node_id: str
     address: str
     model: str
     decision: Decision
+    kv_source: str | None = None
+
+
+def routing_limits(policy: RoutingPolicy) -> Limits:
+    """The policy's routing knobs as plain data for ``inference.routing``."""
+    return Limits(
+        strategy=policy.failover_strategy,
+        overload_threshold=policy.overload_threshold,
+        rebalance_target=policy.rebalance_target,
+        max_inflight_per_node=policy.max_inflight_per_node,
+    )
+
+
+def _log(route: SessionRoute, *, action: str, node_id: str, reason: str) -> None:
+    RouteDecision.objects.create(route=route, action=action, node_id=node_id, reason=reason)
+    stale = route.decisions.order_by("-created_at", "-id").values_list("pk", flat=True)[
+        DECISION_LOG_LENGTH:
+    ]
+    if stale:
+        RouteDecision.objects.filter(pk__in=list(stale)).delete()
 
 
 def route_resolve(
@@ -156,47 +180,175 @@ def route_resolve(
     model: str,
     exclude: Mapping[str, str] | None = None,
     new_turn: bool = True,
+    inflight: Mapping[str, int] | None = None,
+    policy: RoutingPolicy | None = None,
 ) -> RouteTarget:
     """Pick the node for a request for package ``model`` and record pins and moves.
 
     Without ``session_id`` the request is routed by load and nothing is stored. With one, the
-    session's route is created or updated in one transaction: placed and moved decisions are
-    appended to its log, ``moves`` counts redirects, ``turns`` counts requests (only when
-    ``new_turn``; retries of the same request pass False). ``exclude`` maps node ids that failed
-    this request to a reason. Raises ``NoHealthyNode`` (with ``retry_after`` in seconds).
+    session's route is created or updated in one transaction: a pin idle for longer than
+    ``policy.session_idle_release_s`` is released first; placed, moved and released decisions
+    are appended to its log (the last ``DECISION_LOG_LENGTH`` kept), ``moves`` counts
+    redirects, ``turns`` counts requests (only when ``new_turn``; retries of the same request
+    pass False). ``exclude`` maps node ids that failed this request to a reason; ``inflight``
+    is this process's ``{node_id: open requests}``.
+
+    Raises ``NoHealthyNode`` (503) or ``ArrayFull`` (429), both with ``retry_after`` (s).
     """
-    policy = RoutingPolicy.load()
-    nodes, addresses = nodes_for_routing(stale_after_s=max(3 * policy.health_interval_s, 10.0))
+    policy = policy or RoutingPolicy.load()
+    limits = routing_limits(policy)
+    nodes, addresses = nodes_for_routing(
+        stale_after_s=max(3 * policy.health_interval_s, 10.0), inflight=inflight
+    )
     retry_after = max(1, round(policy.health_interval_s))
     if session_id is None:
-        try:
-            decision = route_request(nodes, model=model, session=False, exclude=exclude)
-        except NoNodeAvailable as exc:
-            raise NoHealthyNode(str(exc), retry_after=retry_after) from exc
+        decision = _decide(nodes, model=model, exclude=exclude, limits=limits, session=False)
         return RouteTarget(decision.node_id, addresses[decision.node_id], model, decision)
+    now = timezone.now()
     with transaction.atomic():
-        route, _ = SessionRoute.objects.select_for_update().get_or_create(session_id=session_id)
+        route, created = SessionRoute.objects.select_for_update().get_or_create(
+            session_id=session_id
+        )
+        if (
+            not created
+            and route.node_id is not None
+            and now - route.last_seen_at > timedelta(seconds=policy.session_idle_release_s)
+        ):
+            idle = (now - route.last_seen_at).total_seconds()
+            _log(
+                route,
+                action=RouteDecision.Action.RELEASED,
+                node_id=route.node.node_id,
+                reason=f"released from {route.node.node_id}: idle {idle:.0f} s",
+            )
+            route.node = None
         pinned = route.node.node_id if route.node_id else None
-        try:
-            decision = route_request(nodes, model=model, pinned=pinned, exclude=exclude)
-        except NoNodeAvailable as exc:
-            raise NoHealthyNode(str(exc), retry_after=retry_after) from exc
+        cooling = route.moved_for_load_at is not None and now - route.moved_for_load_at < (
+            timedelta(seconds=policy.move_cooldown_s)
+        )
+        decision = _decide(
+            nodes,
+            model=model,
+            exclude=exclude,
+            limits=limits,
+            pinned=pinned,
+            may_move_for_load=not cooling,
+            retry_after=retry_after,
+        )
+        kv_source = None
         if decision.pins:
             route.node = Node.objects.get(node_id=decision.node_id)
             if route.package_id is None or decision.action == "placed":
                 route.package_id = route.node.package_id
             if decision.action == "moved":
                 route.moves += 1
-            RouteDecision.objects.create(
-                route=route,
-                action=decision.action,
-                node_id=decision.node_id,
-                reason=decision.reason,
-            )
+                kv_source = _kv_source(nodes, addresses, decision, exclude or {})
+            if decision.for_load:
+                route.moved_for_load_at = now
+            _log(route, action=decision.action, node_id=decision.node_id, reason=decision.reason)
         if new_turn:
             route.turns += 1
         route.save()
-    return RouteTarget(decision.node_id, addresses[decision.node_id], model, decision)
+    return RouteTarget(
+        decision.node_id, addresses[decision.node_id], model, decision, kv_source=kv_source
+    )
+
+
+def _decide(
+    nodes: list[Any],
+    *,
+    model: str,
+    exclude: Mapping[str, str] | None,
+    limits: Limits,
+    session: bool = True,
+    pinned: str | None = None,
+    may_move_for_load: bool = True,
+    retry_after: int = 1,
+) -> Decision:
+    try:
+        return route_request(
+            nodes,
+            model=model,
+            pinned=pinned,
+            session=session,
+            exclude=exclude,
+            limits=limits,
+            may_move_for_load=may_move_for_load,
+        )
+    except NoNodeAvailable as exc:
+        raise NoHealthyNode(str(exc), retry_after=retry_after) from exc
+    except Saturated as exc:
+        raise ArrayFull(f"The array is full: {exc}.", retry_after=1) from exc
+
+
+def _kv_source(
+    nodes: list[Any], addresses: dict[str, str], decision: Decision, exclude: Mapping[str, str]
+) -> str | None:
+    previous = next((n for n in nodes if n.node_id == decision.previous), None)
+    if previous is None or previous.node_id in exclude or previous.state not in ("up", "draining"):
+        return None
+    return addresses[previous.node_id]
+
+
+def route_record_kv_move(*, session_id: str, node_id: str, reason: str) -> None:
+    """Append a ``kv_moved`` entry ("KV moved from node-02: 812 tokens") to the session's log."""
+    route = SessionRoute.objects.filter(session_id=session_id).first()
+    if route is not None:
+        _log(route, action=RouteDecision.Action.KV_MOVED, node_id=node_id, reason=reason)
+
+
+@transaction.atomic
+def route_release(*, session_id: str, reason: str = "released by operator") -> str | None:
+    """Unpin a session (its next turn is placed afresh) and log why; returns the address of
+    the node it was pinned to (so its KV can be erased there), or None when it was not pinned.
+    Raises ``SessionRoute.DoesNotExist`` for an unknown session."""
+    route = SessionRoute.objects.select_for_update().select_related("node").get(
+        session_id=session_id
+    )
+    if route.node is None:
+        return None
+    address = route.node.address
+    _log(
+        route,
+        action=RouteDecision.Action.RELEASED,
+        node_id=route.node.node_id,
+        reason=f"{reason} (was on {route.node.node_id})",
+    )
+    route.node = None
+    route.save(update_fields=["node", "last_seen_at"])
+    return address
+
+
+def routes_release_idle(*, idle_s: float) -> int:
+    """Release every pin idle for more than ``idle_s`` seconds; returns how many (control loop).
+
+    Keeps the pinned-session counts that placement uses true between a session's turns."""
+    cutoff = timezone.now() - timedelta(seconds=idle_s)
+    released = 0
+    for session_id in SessionRoute.objects.filter(
+        node__isnull=False, last_seen_at__lt=cutoff
+    ).values_list("session_id", flat=True)[:1000]:
+        if route_release(session_id=session_id, reason=f"released: idle over {idle_s:.0f} s"):
+            released += 1
+    return released
+
+
+def policy_update(*, changes: Mapping[str, Any]) -> RoutingPolicy:
+    """Apply ``{field: value}`` to the routing policy after validating every field.
+
+    Raises ``django.core.exceptions.ValidationError`` (``message_dict`` names the fields) or
+    ``ValueError`` for a field that does not exist. Takes effect on the next request and tick.
+    """
+    policy = RoutingPolicy.load()
+    editable = {f.name for f in RoutingPolicy._meta.concrete_fields} - {"id", "updated_at"}
+    unknown = sorted(set(changes) - editable)
+    if unknown:
+        raise ValueError(f"unknown policy field(s): {', '.join(unknown)}")
+    for name, value in changes.items():
+        setattr(policy, name, value)
+    policy.full_clean()
+    policy.save()
+    return policy
 
 
 def transcript_get(*, session_id: str) -> list[dict[str, Any]]:

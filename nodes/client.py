@@ -12,6 +12,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -120,3 +121,84 @@ async def chat_close(response: httpx.Response) -> None:
     """Close a response from ``chat_open``, dropping the connection if its body is unread
     (which is how the node learns that the client went away)."""
     await response.aclose()
+
+
+def canary(address: str, *, model: str | None, timeout: float) -> ProbeResult:
+    """A tiny real completion (one token, no session): proves the engine still generates.
+
+    ``ok`` when the node answers 200 with a ``choices`` list within ``timeout`` seconds; status
+    "ok", "timeout", "unreachable" or "error" as for ``probe``. Never raises for network trouble.
+    """
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    if model:
+        body["model"] = model
+    try:
+        response = _client().post(
+            f"http://{address}/v1/chat/completions", json=body, timeout=timeout
+        )
+    except httpx.TimeoutException:
+        return ProbeResult(False, "timeout", f"canary: no completion in {timeout:g} s")
+    except httpx.TransportError as exc:
+        return ProbeResult(False, "unreachable", f"canary: {type(exc).__name__}")
+    if response.status_code == 503:
+        return ProbeResult(True, "ok")  # busy: it is working, just full
+    try:
+        ok = response.status_code == 200 and isinstance(response.json().get("choices"), list)
+    except ValueError:
+        ok = False
+    if not ok:
+        return ProbeResult(False, "error", f"canary: answered {response.status_code}")
+    return ProbeResult(True, "ok")
+
+
+async def session_export(address: str, *, session_id: str, timeout: float) -> bytes | None:
+    """``GET /sessions/<id>/state``: the session's KV as an opaque blob, or None when the node
+    holds none (404). Raises ``httpx.HTTPError`` on network trouble or another status."""
+    response = await async_client().get(
+        f"http://{address}/sessions/{quote(session_id, safe='')}/state", timeout=timeout
+    )
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    return response.content
+
+
+async def session_import(
+    address: str, *, session_id: str, blob: bytes, timeout: float
+) -> dict[str, Any]:
+    """``PUT /sessions/<id>/state``; returns the node's JSON (``{"tokens", "bytes", ...}``).
+    Raises ``httpx.HTTPError`` on network trouble or a refusal (409 model mismatch, 507)."""
+    response = await async_client().put(
+        f"http://{address}/sessions/{quote(session_id, safe='')}/state",
+        content=blob,
+        headers={"Content-Type": "application/octet-stream"},
+        timeout=timeout,
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+async def session_erase(address: str, *, session_id: str, timeout: float) -> bool:
+    """``DELETE /sessions/<id>``; True when the node held KV for it. Never raises."""
+    try:
+        response = await async_client().delete(
+            f"http://{address}/sessions/{quote(session_id, safe='')}", timeout=timeout
+        )
+        return response.status_code == 200 and bool(response.json().get("erased"))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def session_erase_sync(address: str, *, session_id: str, timeout: float) -> bool:
+    """Blocking ``session_erase`` for synchronous callers (the admin API). Never raises."""
+    try:
+        response = _client().delete(
+            f"http://{address}/sessions/{quote(session_id, safe='')}", timeout=timeout
+        )
+        return response.status_code == 200 and bool(response.json().get("erased"))
+    except (httpx.HTTPError, ValueError):
+        return False

@@ -13,11 +13,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.db import close_old_connections
+from django.utils import timezone
 
 from inference.models import RoutingPolicy
+from inference.services import routes_release_idle
 from nodes import client as node_client
 from nodes import services
 from nodes.models import Node, NodeEvent
+
+
+def canary_due(node: Node, policy: RoutingPolicy) -> bool:
+    """True when ``node`` has seen neither traffic nor a canary for ``policy.canary_idle_s``."""
+    if policy.canary_idle_s <= 0 or node.state == Node.State.DRAINING:
+        return False
+    stamps = [t for t in (node.last_active_at, node.last_canary_at) if t is not None]
+    since = max(stamps) if stamps else node.created_at
+    return (timezone.now() - since).total_seconds() >= policy.canary_idle_s
+
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +43,8 @@ class TickReport:
 
 
 class ControlLoop:
-    """Health checks (``/health`` + ``/metrics``) for every node, every ``health_interval_s``.
+    """Health checks (``/health`` + ``/metrics``, plus a one-token canary completion after
+    ``canary_idle_s`` without traffic) for every node, every ``health_interval_s``.
 
     ``failure_threshold`` consecutive failed probes mark a node down; a down node that answers
     is marked up. A probe times out after ``probe_timeout_s`` (2 s by default), so a hung or
@@ -43,29 +56,57 @@ class ControlLoop:
         self.max_workers = max_workers
 
     def tick(self) -> TickReport:
-        """Probe every node once and apply the results; returns what happened."""
+        """Probe every node once and apply the results; release idle pins; returns what
+        happened."""
         policy = RoutingPolicy.load()
-        nodes = list(Node.objects.values_list("node_id", "address"))
+        nodes = list(
+            Node.objects.select_related("package").only(
+                "node_id",
+                "address",
+                "state",
+                "package__name",
+                "last_active_at",
+                "last_canary_at",
+                "created_at",
+            )
+        )
+        routes_release_idle(idle_s=policy.session_idle_release_s)
         if not nodes:
             return TickReport({}, [])
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(nodes))) as pool:
-            results = list(
-                pool.map(lambda n: node_client.probe(n[1], timeout=policy.probe_timeout_s), nodes)
-            )
+            results = list(pool.map(lambda n: self.check(n, policy), nodes))
         statuses: dict[str, str] = {}
         events: list[NodeEvent] = []
-        for (node_id, _), result in zip(nodes, results, strict=True):
-            statuses[node_id] = result.status
+        for node, (result, canary_ran) in zip(nodes, results, strict=True):
+            statuses[node.node_id] = result.status
             try:
                 event = services.node_record_probe(
-                    node_id=node_id, result=result, failure_threshold=policy.failure_threshold
+                    node_id=node.node_id,
+                    result=result,
+                    failure_threshold=policy.failure_threshold,
+                    recovery_threshold=policy.recovery_threshold,
+                    canary_ran=canary_ran,
                 )
             except Node.DoesNotExist:
                 continue  # removed while we probed
             if event is not None:
-                log.info("%s: %s (%s)", node_id, event.get_kind_display(), event.message)
+                log.info("%s: %s (%s)", node.node_id, event.get_kind_display(), event.message)
                 events.append(event)
         return TickReport(statuses, events)
+
+    @staticmethod
+    def check(node: Node, policy: RoutingPolicy) -> tuple[node_client.ProbeResult, bool]:
+        """``/health`` + ``/metrics``, then a canary completion when the node is healthy, not
+        draining and has been idle for ``canary_idle_s``; returns ``(result, canary_ran)``."""
+        result = node_client.probe(node.address, timeout=policy.probe_timeout_s)
+        if not result.ok or not canary_due(node, policy):
+            return result, False
+        canary = node_client.canary(
+            node.address,
+            model=node.package.name if node.package else None,
+            timeout=policy.canary_timeout_s,
+        )
+        return (result if canary.ok else canary), True
 
     def run(self) -> None:
         """Tick until ``stop()``; the interval is re-read every tick, so policy edits apply."""

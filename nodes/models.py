@@ -54,7 +54,16 @@ class Node(models.Model):
         on_delete=models.PROTECT,
         related_name="nodes",
     )
+    max_sessions = models.PositiveIntegerField(
+        default=0, help_text="Most sessions pinned here (0: no limit)."
+    )
+    kv_budget_tokens = models.PositiveIntegerField(
+        default=0, help_text="KV tokens new sessions may fill (0: the node's own capacity)."
+    )
     consecutive_failures = models.PositiveIntegerField(default=0)
+    consecutive_successes = models.PositiveIntegerField(default=0)
+    last_canary_at = models.DateTimeField(null=True, blank=True)
+    last_active_at = models.DateTimeField(null=True, blank=True)
     last_probe_at = models.DateTimeField(null=True, blank=True)
     last_probe_error = models.CharField(max_length=255, blank=True, default="")
     last_seen_load = models.JSONField(null=True, blank=True)

@@ -16,31 +16,49 @@ def _set_state(node: Node, state: str, kind: str, message: str) -> NodeEvent:
 
 @transaction.atomic
 def node_record_probe(
-    *, node_id: str, result: ProbeResult, failure_threshold: int
+    *,
+    node_id: str,
+    result: ProbeResult,
+    failure_threshold: int,
+    recovery_threshold: int = 1,
+    canary_ran: bool = False,
 ) -> NodeEvent | None:
     """Apply one health probe to the node's state; returns the event it caused, if any.
 
-    A healthy answer resets ``consecutive_failures``, stores the load summary and marks a
-    ``down``/``unknown`` node ``up`` (a ``came_back`` event when it was down). A failed probe
-    bumps the counter and clears the load; at ``failure_threshold`` consecutive failures the node
-    goes ``down`` (``went_down`` event). A draining node stays draining either way: drain is the
-    operator's intent. Raises ``Node.DoesNotExist`` for an unknown id.
+    A healthy answer resets ``consecutive_failures``, stores the load summary, marks an
+    ``unknown`` node ``up`` and a ``down`` node ``up`` only after ``recovery_threshold``
+    consecutive healthy probes (a ``came_back`` event): a flapping node stays down instead of
+    drawing sessions back and forth. ``last_active_at`` moves when the node's request counter
+    grew by more than our own canary (``canary_ran``: a canary completion was sent this tick,
+    ``last_canary_at`` is set). A failed probe bumps the counter and clears the load; at
+    ``failure_threshold`` consecutive failures the node goes ``down`` (``went_down`` event). A
+    draining node stays draining either way: drain is the operator's intent. Raises
+    ``Node.DoesNotExist`` for an unknown id.
     """
     node = Node.objects.select_for_update().get(node_id=node_id)
-    node.last_probe_at = timezone.now()
+    now = timezone.now()
+    node.last_probe_at = now
+    if canary_ran:
+        node.last_canary_at = now
     event = None
     if result.ok:
         node.consecutive_failures = 0
+        node.consecutive_successes += 1
         node.last_probe_error = ""
+        _note_activity(node, result.load, now=now, canary_ran=canary_ran)
         node.last_seen_load = result.load
-        if node.state == Node.State.DOWN:
+        if node.state == Node.State.DOWN and node.consecutive_successes >= recovery_threshold:
             event = _set_state(
-                node, Node.State.UP, NodeEvent.Kind.CAME_BACK, "answers /health again"
+                node,
+                Node.State.UP,
+                NodeEvent.Kind.CAME_BACK,
+                f"answers /health again ({node.consecutive_successes} good probes)",
             )
         elif node.state == Node.State.UNKNOWN:
             node.state = Node.State.UP
     else:
         node.consecutive_failures += 1
+        node.consecutive_successes = 0
         node.last_probe_error = result.error[:255]
         node.last_seen_load = None
         event = _maybe_down(
@@ -50,6 +68,17 @@ def node_record_probe(
         )
     node.save()
     return event
+
+
+def _note_activity(node: Node, load: dict | None, *, now, canary_ran: bool) -> None:
+    before = (node.last_seen_load or {}).get("requests") if node.last_seen_load else None
+    after = (load or {}).get("requests")
+    if after is None:
+        return
+    if before is None or after > before:
+        node.last_active_at = now
+    if canary_ran and load is not None:
+        load["requests"] = after + 1  # our own canary is not activity
 
 
 def _maybe_down(node: Node, threshold: int, message: str) -> NodeEvent | None:
@@ -67,6 +96,7 @@ def node_record_failure(*, node_id: str, reason: str, failure_threshold: int) ->
     if node is None:
         return None
     node.consecutive_failures += 1
+    node.consecutive_successes = 0
     node.last_probe_error = f"proxy: {reason}"[:255]
     node.last_seen_load = None
     event = _maybe_down(node, failure_threshold, f"request failed: {reason}")

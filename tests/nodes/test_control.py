@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -8,7 +10,7 @@ from nodes import client as node_client
 from nodes.client import ProbeResult
 from nodes.control import ControlLoop
 from nodes.models import Node, NodeEvent
-from nodes.services import node_drain, node_record_failure
+from nodes.services import node_drain, node_record_failure, node_record_probe
 from tests.fakenode import FakeNode, HungListener, refused_address
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +59,7 @@ def test_it_marks_a_node_down_after_the_failure_threshold(package):
     assert report.statuses == {"node-01": "unreachable"}
 
 
-def test_it_brings_a_down_node_back_when_it_answers(fake, package):
+def test_it_brings_a_down_node_back_after_the_recovery_threshold(fake, package):
     Node.objects.create(
         node_id="node-01",
         address=fake.address,
@@ -65,10 +67,58 @@ def test_it_brings_a_down_node_back_when_it_answers(fake, package):
         state=Node.State.DOWN,
         consecutive_failures=5,
     )
-    report = ControlLoop().tick()
+    loop = ControlLoop()
+    first = loop.tick()  # one good probe is not enough: a flapping node stays down
     node = Node.objects.get()
-    assert node.state == Node.State.UP and node.consecutive_failures == 0
+    assert node.state == Node.State.DOWN and node.consecutive_failures == 0
+    assert first.events == []
+    report = loop.tick()
+    assert Node.objects.get().state == Node.State.UP
     assert [e.kind for e in report.events] == [NodeEvent.Kind.CAME_BACK]
+
+
+def test_it_does_not_bring_back_a_node_that_flaps(package):
+    node = Node.objects.create(
+        node_id="node-01", address="127.0.0.1:1", package=package, state=Node.State.DOWN
+    )
+    good, bad = ProbeResult(True, "ok", load={"load": 0.1}), ProbeResult(False, "timeout", "x")
+    for result in (good, bad, good, bad, good):
+        node_record_probe(node_id="node-01", result=result, failure_threshold=3,
+                          recovery_threshold=2)
+    node.refresh_from_db()
+    assert node.state == Node.State.DOWN
+
+
+def test_it_sends_a_canary_to_an_idle_node_and_counts_its_failure(fake, package):
+    policy = RoutingPolicy.load()
+    policy.canary_idle_s, policy.failure_threshold = 1.0, 1
+    policy.save()
+    Node.objects.create(
+        node_id="node-01", address=fake.address, package=package, state=Node.State.UP,
+        last_active_at=timezone.now() - timedelta(seconds=5),
+    )
+    ControlLoop().tick()
+    node = Node.objects.get()
+    assert node.last_canary_at is not None and node.state == Node.State.UP
+    assert fake.requests[-1]["body"]["max_tokens"] == 1
+    # /health still says ok, but the engine no longer completes: the canary catches it
+    fake.chat_status = 500
+    Node.objects.update(last_canary_at=timezone.now() - timedelta(seconds=5))
+    report = ControlLoop().tick()
+    assert Node.objects.get().state == Node.State.DOWN
+    assert "canary" in report.events[0].message
+
+
+def test_it_sends_no_canary_to_a_busy_node(fake, package):
+    policy = RoutingPolicy.load()
+    policy.canary_idle_s = 1.0
+    policy.save()
+    Node.objects.create(
+        node_id="node-01", address=fake.address, package=package, state=Node.State.UP,
+        last_active_at=timezone.now(),
+    )
+    ControlLoop().tick()
+    assert fake.requests == []
 
 
 def test_it_detects_a_hung_node_by_timeout(package):
