@@ -22,10 +22,14 @@ from typing import Any
 
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
 from inference.engine.sampling import Sampler, SamplingParams
-from inference.engine.sequences import HostStore, Sequence, SequenceTable
+from inference.engine.sequences import HostStore, Sequence, SequenceTable, common_prefix_len
 from inference.engine.text import TextAssembler
 
 log = logging.getLogger(__name__)
+
+# A queued request waits for an in-flight prefill when it would share at least this many more
+# tokens with it than with anything cached (one prefill chunk is about 1 s on two cores).
+SHARE_WAIT_MIN_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,8 @@ class Engine:
         for req in waiting:
             if self.table.is_busy(req.session_id):
                 continue  # a session's turns run one at a time, in order
+            if self._prefix_arriving(req):
+                continue  # another request is prefilling the same prefix: share it when done
             assignment = self.table.acquire(req.session_id, req.prompt)
             if assignment is None:
                 break  # every sequence is busy
@@ -300,6 +306,18 @@ class Engine:
             self._start(req, assignment.sequence, assignment.cached_tokens)
             if assignment.restored_from_host:
                 self.stats.restored_from_host_total += 1
+
+    def _prefix_arriving(self, req: Request) -> bool:
+        """True when a request still prefilling shares at least ``SHARE_WAIT_MIN_TOKENS`` more
+        prompt tokens with ``req`` than any cache holds now: waiting a few steps for it is
+        cheaper than prefilling the same system prompt twice."""
+        if not self.config.prefix_reuse:
+            return False
+        arriving = max((common_prefix_len(r.prompt, req.prompt) for r in self._active if r.prefilling),
+                       default=0)
+        if arriving < SHARE_WAIT_MIN_TOKENS:
+            return False
+        return arriving - self.table.cached_prefix(req.session_id, req.prompt) >= SHARE_WAIT_MIN_TOKENS
 
     def _start(self, req: Request, seq: Sequence, cached: int) -> None:
         assert self.model is not None and self.table is not None

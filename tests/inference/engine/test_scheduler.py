@@ -165,3 +165,13 @@ def test_it_shares_a_common_system_prompt_across_sessions(driver: EngineDriver) 
     third = driver.chat([system, *user("Plan a trip to Rome."), {"role": "assistant", "content": first.text},
                          *user("And the budget?")], session="share-a")
     assert third.cached_tokens > first.prompt_tokens - 2
+
+
+def test_it_prefills_a_system_prompt_once_for_sessions_that_arrive_together(driver: EngineDriver) -> None:
+    driver.engine.clear_cache().result(10)
+    system = {"role": "system", "content": "You are an agent with many tools. " * 30}
+    runs = [driver.prepare([system, *user(f"Task number {i}.")], session=f"together-{i}") for i in range(3)]
+    driver.engine.submit_all([r.request for r in runs])
+    results = [r.wait()[1] for r in runs]
+    system_tokens = len(driver.tokens([system]))
+    assert sorted(r.cached_tokens >= system_tokens - 8 for r in results) == [False, True, True]
