@@ -2,7 +2,9 @@
 
 ``upstream_open`` routes a chat request, sends it to the chosen node and waits for the node's
 first body bytes; a failure before that point (refused, timed out, 5xx) is retried on another
-node, bumping the failed node's failure counter. After the first byte the request is committed
+node (with backoff), bumping the failed node's failure counter; a node marked down while the
+request waits (a stopped process) is given up. A session that moves off a live node (drain,
+rebalance) takes its KV along (export, import, erase). After the first byte the request is committed
 to its node: ``sse_passthrough`` relays the node's bytes as they arrive (REST) and
 ``sse_events`` decodes them into events (websocket); either ends a stream that breaks mid-way
 with an in-band ``{"error": ...}`` event. Closing the upstream (``Upstream.aclose``), which both do
@@ -11,6 +13,8 @@ on exit or cancellation, drops the connection so the node stops generating.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -21,22 +25,56 @@ import httpx
 from asgiref.sync import sync_to_async
 
 from inference import services
-from inference.errors import NoHealthyNode, UpstreamError
+from inference.errors import ArrayFull, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
 from inference.routing import Decision
 from nodes import client as node_client
 from nodes import services as node_services
+from nodes.models import Node
 
 log = logging.getLogger(__name__)
 
 _load_policy = sync_to_async(RoutingPolicy.load)
 _route_resolve = sync_to_async(services.route_resolve)
 _record_failure = sync_to_async(node_services.node_record_failure)
+_record_kv_move = sync_to_async(services.route_record_kv_move)
+
+KV_MOVE_TIMEOUT_S = 10.0  # export + import of one session's KV between two nodes
+MAX_BACKOFF_S = 1.0
+
+
+class Inflight:
+    """Requests this process has open, per node and in all (one instance per process).
+
+    Routing reads ``per_node()`` (fresher than the last metrics scrape); the proxy refuses
+    with 429 past the policy's ``max_inflight``. Single event-loop use: no locking needed.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, int] = {}
+        self.total = 0
+
+    def acquire(self, node_id: str) -> None:
+        self.nodes[node_id] = self.nodes.get(node_id, 0) + 1
+        self.total += 1
+
+    def release(self, node_id: str) -> None:
+        self.nodes[node_id] = max(0, self.nodes.get(node_id, 0) - 1)
+        self.total = max(0, self.total - 1)
+
+    def per_node(self) -> dict[str, int]:
+        return dict(self.nodes)
+
+
+inflight = Inflight()
 
 
 @dataclass
 class Upstream:
-    """A node's open answer: status, headers, the first body bytes and an iterator for the rest."""
+    """A node's open answer: status, headers, the first body bytes and an iterator for the rest.
+
+    Holds one ``inflight`` slot for its node until ``aclose``.
+    """
 
     node_id: str
     decision: Decision
@@ -47,9 +85,13 @@ class Upstream:
     response: httpx.Response
     failure_threshold: int
     attempts: list[str] = field(default_factory=list)
+    released: bool = False
 
     async def aclose(self) -> None:
         """Close the node's response (drops the connection when unread: the node cancels)."""
+        if not self.released:
+            self.released = True
+            inflight.release(self.node_id)
         await node_client.chat_close(self.response)
 
     async def read_all(self) -> bytes:
@@ -73,7 +115,13 @@ class Upstream:
         )
 
 
+class NodeWentDown(Exception):
+    """The node was marked down while we waited for its first byte."""
+
+
 def _describe(exc: Exception) -> str:
+    if isinstance(exc, NodeWentDown):
+        return "went down while the request waited"
     if isinstance(exc, httpx.TimeoutException):
         return f"timed out ({type(exc).__name__})"
     return (
@@ -83,29 +131,135 @@ def _describe(exc: Exception) -> str:
     )
 
 
+@sync_to_async
+def _node_is_down(node_id: str) -> bool:
+    return Node.objects.filter(node_id=node_id, state=Node.State.DOWN).exists()
+
+
+async def _open_first(
+    address: str, *, body: dict[str, Any], session_id: str | None, policy: RoutingPolicy
+) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
+    """Send the request and read up to the first body bytes (or the whole body of a 5xx)."""
+    response = await node_client.chat_open(
+        address,
+        payload=body,
+        session_id=session_id,
+        connect_timeout=policy.connect_timeout_s,
+        read_timeout=policy.request_timeout_s,
+    )
+    try:
+        if response.status_code >= 500:
+            await response.aread()
+            await node_client.chat_close(response)
+            return response, None, b""
+        rest = response.aiter_raw()
+        return response, rest, await anext(rest, b"")
+    except BaseException:
+        await node_client.chat_close(response)
+        raise
+
+
+async def _watched(
+    node_id: str, opening: Any, *, check_every_s: float
+) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
+    """Await ``opening`` (``_open_first``), checking every ``check_every_s`` seconds whether
+    the control loop marked the node down meanwhile (a stopped process accepts connections but
+    never answers); then raises ``NodeWentDown``. Cancelling closes the node's response."""
+    task = asyncio.ensure_future(opening)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=check_every_s)
+            if done:
+                return task.result()
+            if await _node_is_down(node_id):
+                raise NodeWentDown(node_id)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def _move_kv(target: services.RouteTarget, session_id: str) -> None:
+    """Carry a moving session's KV from the node it leaves to its new node, then erase it there.
+
+    Best effort: any failure (nothing held, session busy, budget) means the new node prefills
+    from the transcript instead, which is always correct, only slower.
+    """
+    assert target.kv_source is not None
+    source = target.decision.previous or "?"
+    try:
+        blob = await node_client.session_export(
+            target.kv_source, session_id=session_id, timeout=KV_MOVE_TIMEOUT_S
+        )
+        if blob is None:
+            return
+        imported = await node_client.session_import(
+            target.address, session_id=session_id, blob=blob, timeout=KV_MOVE_TIMEOUT_S
+        )
+    except httpx.HTTPError as exc:
+        log.info("KV of %s not moved from %s: %s", session_id, source, exc)
+        return
+    await node_client.session_erase(target.kv_source, session_id=session_id, timeout=2.0)
+    await _record_kv_move(
+        session_id=session_id,
+        node_id=target.node_id,
+        reason=f"KV moved from {source} to {target.node_id}: "
+        f"{imported.get('tokens', '?')} tokens, {len(blob)} bytes",
+    )
+
+
+def _retry_after(response: httpx.Response, default: int) -> int:
+    try:
+        return max(1, int(float(response.headers.get("retry-after", default))))
+    except ValueError:
+        return default
+
+
 async def upstream_open(*, payload: dict[str, Any], model: str, session_id: str | None) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for package ``model`` and open the node's answer.
 
-    Tries at most ``policy.max_attempts`` nodes. A node's 4xx is returned as is (the caller
-    passes it on); connection failures, timeouts and 5xx move to the next node. Raises
-    ``NoHealthyNode`` (503, ``retry_after`` set) when no node is left.
+    Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
+    most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
+    connection failures, timeouts, 5xx and a node marked down while we wait move to the next
+    node. A 503 (queue full) from the node a session is pinned to is passed on as 503 with
+    Retry-After instead: the session keeps its KV and its node. Raises ``ArrayFull`` (429) when
+    this process already holds ``max_inflight`` requests or every node is at its limits, and
+    ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``.
     """
     policy = await _load_policy()
+    if policy.max_inflight and inflight.total >= policy.max_inflight:
+        raise ArrayFull(
+            f"The control plane has {inflight.total} requests open (max_inflight "
+            f"{policy.max_inflight}); retry shortly.",
+            retry_after=1,
+        )
     exclude: dict[str, str] = {}
     for attempt in range(policy.max_attempts):
-        target = await _route_resolve(
-            session_id=session_id, model=model, exclude=exclude, new_turn=attempt == 0
-        )
-        body = {**payload, "model": target.model}
-        try:
-            response = await node_client.chat_open(
-                target.address,
-                payload=body,
-                session_id=session_id,
-                connect_timeout=policy.connect_timeout_s,
-                read_timeout=policy.request_timeout_s,
+        if attempt:
+            await asyncio.sleep(
+                min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
             )
-        except httpx.TransportError as exc:
+        target = await _route_resolve(
+            session_id=session_id,
+            model=model,
+            exclude=exclude,
+            new_turn=attempt == 0,
+            inflight=inflight.per_node(),
+            policy=policy,
+        )
+        if target.kv_source and session_id:
+            await _move_kv(target, session_id)
+        body = {**payload, "model": target.model}
+        inflight.acquire(target.node_id)
+        try:
+            response, rest, first = await _watched(
+                target.node_id,
+                _open_first(target.address, body=body, session_id=session_id, policy=policy),
+                check_every_s=max(0.2, policy.health_interval_s / 2),
+            )
+        except (httpx.TransportError, NodeWentDown) as exc:
+            inflight.release(target.node_id)
             exclude[target.node_id] = _describe(exc)
             await _record_failure(
                 node_id=target.node_id,
@@ -114,30 +268,25 @@ async def upstream_open(*, payload: dict[str, Any], model: str, session_id: str 
             )
             log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
             continue
-        if response.status_code >= 500:
-            await response.aread()
-            await node_client.chat_close(response)
-            exclude[target.node_id] = f"answered {response.status_code}"
-            if response.status_code != 503:  # 503 is a busy or loading node, not a broken one
+        except BaseException:  # the client went away (cancelled)
+            inflight.release(target.node_id)
+            raise
+        if rest is None:  # 5xx
+            inflight.release(target.node_id)
+            status = response.status_code
+            if status == 503 and target.decision.action == "stuck":
+                raise NoHealthyNode(
+                    f"{target.node_id}, where this session is pinned, is busy; retry shortly.",
+                    retry_after=_retry_after(response, 1),
+                    code="node_busy",
+                )
+            exclude[target.node_id] = f"answered {status}"
+            if status != 503:  # 503 is a busy or loading node, not a broken one
                 await _record_failure(
                     node_id=target.node_id,
                     reason=exclude[target.node_id],
                     failure_threshold=policy.failure_threshold,
                 )
-            continue
-        rest = response.aiter_raw()
-        try:
-            first = await anext(rest, b"")
-        except BaseException as exc:  # the client went away (cancelled) or the node broke
-            await node_client.chat_close(response)
-            if not isinstance(exc, httpx.TransportError):
-                raise
-            exclude[target.node_id] = _describe(exc)
-            await _record_failure(
-                node_id=target.node_id,
-                reason=_describe(exc),
-                failure_threshold=policy.failure_threshold,
-            )
             continue
         return Upstream(
             target.node_id,

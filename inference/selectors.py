@@ -1,8 +1,8 @@
-"""Reads for the proxy: which packages the array serves right now."""
+"""Reads for the proxy and the admin API: packages served right now, the routing table."""
 
 from __future__ import annotations
 
-from inference.models import ModelPackage
+from inference.models import ModelPackage, SessionRoute
 from nodes.models import Node
 
 
@@ -23,5 +23,26 @@ def package_default() -> ModelPackage | None:
     return (
         ModelPackage.objects.annotate(up=Count("nodes", filter=Q(nodes__state=Node.State.UP)))
         .order_by("-up", "-created_at", "-id")
+        .first()
+    )
+
+
+def session_routes(
+    *, node_id: str | None = None, limit: int = 100, offset: int = 0
+) -> tuple[int, list[SessionRoute]]:
+    """``(count, routes)`` of the routing table, most recently seen first, optionally only the
+    sessions pinned to ``node_id``."""
+    routes = SessionRoute.objects.select_related("node", "package").order_by("-last_seen_at")
+    if node_id:
+        routes = routes.filter(node__node_id=node_id)
+    return routes.count(), list(routes[offset : offset + limit])
+
+
+def session_route(*, session_id: str) -> SessionRoute | None:
+    """One route with its node, package and decisions, or None."""
+    return (
+        SessionRoute.objects.select_related("node", "package")
+        .prefetch_related("decisions")
+        .filter(session_id=session_id)
         .first()
     )

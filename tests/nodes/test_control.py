@@ -83,8 +83,9 @@ def test_it_does_not_bring_back_a_node_that_flaps(package):
     )
     good, bad = ProbeResult(True, "ok", load={"load": 0.1}), ProbeResult(False, "timeout", "x")
     for result in (good, bad, good, bad, good):
-        node_record_probe(node_id="node-01", result=result, failure_threshold=3,
-                          recovery_threshold=2)
+        node_record_probe(
+            node_id="node-01", result=result, failure_threshold=3, recovery_threshold=2
+        )
     node.refresh_from_db()
     assert node.state == Node.State.DOWN
 
@@ -94,7 +95,10 @@ def test_it_sends_a_canary_to_an_idle_node_and_counts_its_failure(fake, package)
     policy.canary_idle_s, policy.failure_threshold = 1.0, 1
     policy.save()
     Node.objects.create(
-        node_id="node-01", address=fake.address, package=package, state=Node.State.UP,
+        node_id="node-01",
+        address=fake.address,
+        package=package,
+        state=Node.State.UP,
         last_active_at=timezone.now() - timedelta(seconds=5),
     )
     ControlLoop().tick()
@@ -114,7 +118,10 @@ def test_it_sends_no_canary_to_a_busy_node(fake, package):
     policy.canary_idle_s = 1.0
     policy.save()
     Node.objects.create(
-        node_id="node-01", address=fake.address, package=package, state=Node.State.UP,
+        node_id="node-01",
+        address=fake.address,
+        package=package,
+        state=Node.State.UP,
         last_active_at=timezone.now(),
     )
     ControlLoop().tick()
