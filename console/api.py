@@ -1,16 +1,85 @@
 """The project's one NinjaAPI (``/api/``, OpenAPI docs at ``/api/docs``).
 
 Each app adds its own ``Router`` from its ``api.py``; domain errors are mapped to HTTP here.
-Authentication and roles live in ``console/access.py``.
+Authentication and roles live in ``console/access.py``: every operation needs a Bearer token or
+a logged-in user (CSRF-checked), and checks its role with ``api_require``.
+
+Error bodies: ``{"detail": message, "code": code, "field": field}`` (config errors add
+``line``); 401 without credentials, 403 for a role too weak.
 """
 
 from __future__ import annotations
 
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
+from ninja.errors import AuthenticationError
+from ninja.errors import ValidationError as NinjaValidationError
 
-api = NinjaAPI(title="Phalanx admin API", version="1", urls_namespace="api")
+from console.access import API_AUTH
+from console.config_file import ConfigError
+from console.errors import ConsoleError
+from console.services import invalid_from
+
+api = NinjaAPI(
+    title="Phalanx admin API",
+    version="1",
+    urls_namespace="api",
+    auth=API_AUTH,
+    description="Nodes, packages, tokens, config, routing. Bearer token or console login.",
+    docs_decorator=login_required,
+)
+
+
+@api.exception_handler(ConsoleError)
+def _console_error(request: HttpRequest, exc: ConsoleError) -> HttpResponse:
+    return api.create_response(
+        request, {"detail": exc.message, "code": exc.code, "field": exc.field}, status=exc.status
+    )
+
+
+@api.exception_handler(ConfigError)
+def _config_error(request: HttpRequest, exc: ConfigError) -> HttpResponse:
+    body = {"detail": str(exc), "code": "invalid_config", "line": exc.line, "field": exc.field}
+    return api.create_response(request, body, status=422)
+
+
+@api.exception_handler(ValidationError)
+def _django_validation(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    return _console_error(request, invalid_from(exc))
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    body = {"detail": "Send 'Authorization: Bearer <token>' or log in.", "code": "unauthorized",
+            "field": None}
+    response = api.create_response(request, body, status=401)
+    response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+@api.exception_handler(NinjaValidationError)
+def _bad_input(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
+    first = exc.errors[0] if exc.errors else {}
+    loc = [str(p) for p in first.get("loc", []) if p not in ("body", "payload", "query", "path")]
+    field = ".".join(loc) or None
+    message = f"{field}: {first.get('msg', 'invalid')}" if field else first.get("msg", "invalid")
+    body = {"detail": message, "code": "invalid", "field": field, "errors": exc.errors}
+    return api.create_response(request, body, status=422)
 
 
 @api.get("/ping", response={200: dict}, auth=None, include_in_schema=False)
 def ping(request) -> dict:
     return {"ok": True}
+
+
+from console.api_config import router as config_router  # noqa: E402
+from inference.api_packages import router as packages_router  # noqa: E402
+from nodes.api import router as nodes_router  # noqa: E402
+from inference.api import router as inference_router  # noqa: E402
+
+api.add_router("/", nodes_router)
+api.add_router("/", packages_router)
+api.add_router("/", config_router)
+api.add_router("/", inference_router)  # /api/sessions, /api/routing/policy

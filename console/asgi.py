@@ -13,13 +13,14 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from console.websocket import AllowedHostsOriginValidator  # noqa: E402
+from console.ws_urls import websocket_urlpatterns as console_ws  # noqa: E402
 from inference.ws_urls import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            AuthMiddlewareStack(URLRouter([*console_ws, *websocket_urlpatterns]))
         ),
     }
 )

@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "channels",
     "nodes",
     "inference",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -95,7 +96,8 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
 
 LOGGING = {
     "version": 1,

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
+from console import views
 from console.api import api
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("inference.urls")),
     path("api/", api.urls),
+    path("health", views.health, name="health"),
+    path("metrics", views.metrics, name="metrics"),
+    re_path(r"^static/(?P<path>.*)$", views.static, name="static"),
+    path("", include("console.page_urls")),
 ]

@@ -1,0 +1,157 @@
+"""Access control: who is calling, with which role, and what that role may do.
+
+Roles are Django groups named ``admin``, ``operator`` and ``viewer``; a superuser is an admin; a
+logged-in user in no group has no role and sees nothing. An API token acts with the role in its
+``console.TokenRole`` row (``operator`` when it has none); ``$PHALANX_API_TOKEN`` acts as admin.
+
+What each role may do (each includes the ones below it):
+
+- viewer: read every page and every ``GET`` of the admin API, use the playground;
+- operator: drain and undrain nodes, edit the routing policy (and upgrades, load tests);
+- admin: add, edit and remove nodes and packages, apply config, create and revoke tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+from ninja.security import HttpBearer, SessionAuth
+
+from console.errors import Forbidden
+from console.models import Role, TokenRole
+from inference import services as inference_services
+from inference.errors import AuthError
+from inference.models import ApiToken
+
+ROLE_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+DEFAULT_TOKEN_ROLE = Role.OPERATOR
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: ``name`` (username or ``token:<name>``), ``role`` (None: no role),
+    ``user_id`` (None for tokens)."""
+
+    name: str
+    role: Role | None
+    user_id: int | None = None
+
+    def can(self, needed: Role) -> bool:
+        """True when this principal's role is ``needed`` or above."""
+        return self.role is not None and ROLE_RANK[self.role] >= ROLE_RANK[needed]
+
+
+def role_of_user(user: AbstractBaseUser | AnonymousUser | None) -> Role | None:
+    """The strongest role of a user: superuser → admin, else its strongest role group."""
+    if user is None or not user.is_authenticated:
+        return None
+    if getattr(user, "is_superuser", False):
+        return Role.ADMIN
+    names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+    for role in (Role.ADMIN, Role.OPERATOR, Role.VIEWER):
+        if role.value in names:
+            return role
+    return None
+
+
+def principal_for_user(user: Any) -> Principal | None:
+    """The principal of a logged-in user, or None when anonymous."""
+    if user is None or not user.is_authenticated:
+        return None
+    return Principal(name=user.get_username(), role=role_of_user(user), user_id=user.pk)
+
+
+def principal_for_token(raw: str | None) -> Principal | None:
+    """The principal of a Bearer token, or None when missing, unknown or revoked."""
+    try:
+        name = inference_services.token_authenticate(raw=raw)
+    except AuthError:
+        return None
+    env = os.environ.get(inference_services.ENV_TOKEN)
+    if name == "env" and env and raw == env:
+        return Principal(name="token:env", role=Role.ADMIN)
+    digest = hashlib.sha256((raw or "").encode()).hexdigest()
+    token = ApiToken.objects.filter(token_hash=digest).first()
+    if token is None:
+        return None
+    row = TokenRole.objects.filter(token=token).first()
+    return Principal(name=f"token:{token.name}", role=Role(row.role) if row else DEFAULT_TOKEN_ROLE)
+
+
+def user_set_role(*, user: Any, role: Role | None) -> None:
+    """Put ``user`` in exactly the group of ``role`` (or in none), creating the group."""
+    user.groups.remove(*Group.objects.filter(name__in=[r.value for r in Role]))
+    if role is not None:
+        group, _ = Group.objects.get_or_create(name=role.value)
+        user.groups.add(group)
+
+
+def require(principal: Principal | None, needed: Role) -> Principal:
+    """``principal`` when it has ``needed`` or above; raises ``Forbidden`` otherwise."""
+    if principal is None or not principal.can(needed):
+        have = principal.role.value if principal and principal.role else "no role"
+        raise Forbidden(f"This needs the {needed.value} role; you have {have}.")
+    return principal
+
+
+# --- the admin API (django-ninja) ----------------------------------------------------------
+
+
+class TokenAuth(HttpBearer):
+    """``Authorization: Bearer <token>`` on ``/api/``; ``request.auth`` is a ``Principal``."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Principal | None:
+        return principal_for_token(token)
+
+
+class UserAuth(SessionAuth):
+    """A logged-in Django user (CSRF-checked on unsafe methods); ``request.auth`` is a
+    ``Principal``."""
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Principal | None:
+        return principal_for_user(request.user)
+
+
+API_AUTH = [TokenAuth(), UserAuth()]
+
+
+def api_require(request: HttpRequest, needed: Role) -> Principal:
+    """The API caller's principal when it has ``needed``; raises ``Forbidden`` otherwise."""
+    return require(getattr(request, "auth", None), needed)
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+def page_principal(request: HttpRequest) -> Principal:
+    """The page caller's principal (pages are login-protected before this is called)."""
+    principal = principal_for_user(request.user)
+    assert principal is not None
+    return principal
+
+
+def role_required(needed: Role) -> Callable:
+    """View decorator: login required (redirect), then ``needed`` role or 403."""
+
+    def decorate(view: Callable) -> Callable:
+        @login_required
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            principal = principal_for_user(request.user)
+            if principal is None or not principal.can(needed):
+                raise PermissionDenied(f"This needs the {needed.value} role.")
+            request.principal = principal  # type: ignore[attr-defined]
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

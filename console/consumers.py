@@ -1,0 +1,80 @@
+"""``/ws/live/``: the console's live feed (node states, events, utilization snapshots).
+
+Server -> client messages:
+
+- ``{"type": "history", "snapshots": [...]}`` once, right after connecting (the kept minutes);
+- ``{"type": "snapshot", "snapshot": {...}}`` every second (shape in ``console.utilization``);
+- ``{"type": "node", "node": {...}, "event": {...}?}`` when a node changed (``console.live``);
+- ``{"type": "node_removed", "node_id": ...}``.
+
+Auth: a logged-in user with a role, or an API token (``?token=`` or ``Authorization: Bearer``);
+otherwise the socket is closed with 4401 (no credentials) or 4403 (no role). The origin check is
+``console.websocket.AllowedHostsOriginValidator`` around the whole router.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console import access, utilization
+from console.live import LIVE_GROUP
+from inference.services import bearer_token
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+@sync_to_async
+def _principal(scope: dict[str, Any]) -> access.Principal | None:
+    principal = access.principal_for_user(scope.get("user"))
+    if principal is not None:
+        return principal
+    token = (parse_qs(scope.get("query_string", b"").decode("latin1")).get("token") or [None])[0]
+    if token is None:
+        headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope["headers"]}
+        token = bearer_token(headers.get("authorization"))
+    return access.principal_for_token(token) if token else None
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """Thin consumer: authenticate, join the live group, send history, relay group events."""
+
+    joined = False
+
+    async def connect(self) -> None:
+        await self.accept()
+        principal = await _principal(self.scope)
+        if principal is None or principal.role is None:
+            code = CLOSE_UNAUTHORIZED if principal is None else CLOSE_FORBIDDEN
+            await self.send_json({"type": "error", "code": code, "message": "Not allowed."})
+            await self.close(code=code)
+            return
+        await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
+        self.joined = True
+        utilization.sampler().watch()
+        await self.send_json({"type": "history", "snapshots": await utilization.history()})
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            self.joined = False
+            utilization.sampler().unwatch()
+            await self.channel_layer.group_discard(LIVE_GROUP, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen; anything they send is ignored."""
+
+    async def util_snapshot(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "snapshot", "snapshot": event["snapshot"]})
+
+    async def node_status(self, event: dict[str, Any]) -> None:
+        message = {"type": "node", "node": event["node"]}
+        if "event" in event:
+            message["event"] = event["event"]
+        await self.send_json(message)
+
+    async def node_removed(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "node_removed", "node_id": event["node_id"]})

@@ -1,0 +1,91 @@
+"""Live events to every open console page, over the channel layer.
+
+One group, ``phalanx.live``, joined by every ``/ws/live/`` socket (``console.consumers``). In the
+embedded default the layer is in-memory (one process); with ``REDIS_URL`` it is channels-redis,
+so a change made in any process reaches browsers connected to any other.
+
+Call ``live_node_changed(node_id=..., event=...)`` from any sync code that changed a node (the
+node services do); ``live_node_removed`` when one is deleted. Both never raise: a failed
+broadcast is logged, the change itself stands. Changes made where no layer reaches (another
+process in the embedded mode, such as the control loop) still show up within a second, because
+the utilization sampler sends each node's state and new events with every snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from nodes.models import Node, NodeEvent
+
+log = logging.getLogger(__name__)
+
+LIVE_GROUP = "phalanx.live"
+
+
+def node_payload(node: Node) -> dict[str, Any]:
+    """What a page needs to redraw a node row: id, address, state (+ colour), weight,
+    affinity, package key, failures, last error and load."""
+    return {
+        "node_id": node.node_id,
+        "address": node.address,
+        "state": node.state,
+        "colour": Node.STATE_COLOURS.get(node.state, "grey"),
+        "weight": node.weight,
+        "affinity": node.affinity,
+        "package": node.package.key if node.package_id and node.package else None,
+        "failures": node.consecutive_failures,
+        "error": node.last_probe_error,
+        "load": node.load,
+    }
+
+
+def event_payload(event: NodeEvent) -> dict[str, Any]:
+    """A node event for the page's event log: id, node id, kind (+ label), message, ISO time."""
+    return {
+        "id": event.pk,
+        "node_id": event.node.node_id,
+        "kind": event.kind,
+        "label": event.get_kind_display(),
+        "message": event.message,
+        "at": event.created_at.isoformat() if event.created_at else None,
+    }
+
+
+def _send(message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(LIVE_GROUP, message)
+    except Exception:  # a broadcast must never undo or fail the change it reports
+        log.warning("live broadcast %s failed", message.get("type"), exc_info=True)
+
+
+def live_node_changed(*, node_id: str, event: NodeEvent | None = None) -> None:
+    """Tell every open page that node ``node_id`` changed (state, address, weight ...), with the
+    event it caused if any. Sync; inside a transaction it waits for the commit (it reads the
+    node back then). From async code wrap it in ``sync_to_async``."""
+    event_id = event.pk if event is not None else None
+    transaction.on_commit(lambda: _node_changed(node_id, event_id))
+
+
+def _node_changed(node_id: str, event_id: int | None) -> None:
+    node = Node.objects.select_related("package").filter(node_id=node_id).first()
+    if node is None:
+        live_node_removed(node_id=node_id)
+        return
+    message: dict[str, Any] = {"type": "node.status", "node": node_payload(node)}
+    event = NodeEvent.objects.select_related("node").filter(pk=event_id).first()
+    if event is not None:
+        message["event"] = event_payload(event)
+    _send(message)
+
+
+def live_node_removed(*, node_id: str) -> None:
+    """Tell every open page that node ``node_id`` is gone from the inventory (after commit)."""
+    transaction.on_commit(lambda: _send({"type": "node.removed", "node_id": node_id}))

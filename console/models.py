@@ -1,0 +1,59 @@
+"""Console tables: the role of each API token and the array settings that only the config file
+carries (listen address, model path, accelerator modules, context window, max batch)."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Role(models.TextChoices):
+    """Who may do what: admin (everything), operator (drain, upgrade, load test, edit policy),
+    viewer (read only). Ordered by power: see ``console.access.ROLE_RANK``."""
+
+    ADMIN = "admin", "Admin"
+    OPERATOR = "operator", "Operator"
+    VIEWER = "viewer", "Viewer"
+
+
+class TokenRole(models.Model):
+    """The role an ``inference.ApiToken`` acts with on ``/api/``. A token without a row acts as
+    ``operator`` (tokens minted by ``bootstrap`` before roles existed)."""
+
+    token = models.OneToOneField(
+        "inference.ApiToken", on_delete=models.CASCADE, related_name="console_role"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    def __str__(self) -> str:
+        return f"{self.token_id}: {self.role}"
+
+
+class ArrayConfig(models.Model):
+    """The single row (pk=1) of settings from the config file's ``server`` and ``inference``
+    sections that no other table holds; read it with ``ArrayConfig.load()``."""
+
+    listen = models.CharField(max_length=255, blank=True, default="")
+    model_path = models.CharField(max_length=1024, blank=True, default="")
+    ai_modules = models.CharField(
+        max_length=255, blank=True, default="", help_text="Comma-separated accelerator modules."
+    )
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    max_batch = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "array config"
+
+    def __str__(self) -> str:
+        return "Array config"
+
+    def save(self, *args, **kwargs) -> None:
+        self.pk = 1
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def load(cls) -> ArrayConfig:
+        """The row, created empty on first use."""
+        config, _ = cls.objects.get_or_create(pk=1)
+        return config

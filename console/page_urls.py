@@ -1,0 +1,34 @@
+"""URLs of the operator pages (namespace ``console``)."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path, re_path
+
+from console import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("login/", auth_views.LoginView.as_view(template_name="console/login.html",
+                                                redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="console:login"), name="logout"),
+    path("nodes/", views.nodes, name="nodes"),
+    path("nodes/<slug:node_id>/", views.node, name="node"),
+    path("nodes/<slug:node_id>/edit/", views.node_edit, name="node_edit"),
+    path("nodes/<slug:node_id>/remove/", views.node_remove, name="node_remove"),
+    path("nodes/<slug:node_id>/drain/", views.node_drain, name="node_drain"),
+    path("nodes/<slug:node_id>/undrain/", views.node_undrain, name="node_undrain"),
+    path("packages/", views.packages, name="packages"),
+    path("packages/<int:package_id>/", views.package, name="package"),
+    path("routing/", views.routing, name="routing"),
+    path("routing/table/", views.routing_table, name="routing_table"),
+    re_path(r"^sessions/(?P<session_id>[^/]+)/$", views.session, name="session"),
+    path("utilization/", views.utilization, name="utilization"),
+    path("playground/", views.playground, name="playground"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
+    path("config/", views.config, name="config"),
+    path("config/phalanx.yaml", views.config_download, name="config_download"),
+]

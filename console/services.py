@@ -1,0 +1,233 @@
+"""What the console and the admin API change: nodes, drains, tokens with roles, packages, the
+routing policy. Each wraps the owning app's service (``nodes.services``, ``inference.services``)
+and sends the live event for what it changed (``console.live``).
+
+Errors: ``console.errors.Invalid`` (names the field), ``NotFound``, ``Conflict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import ProtectedError
+
+from console.errors import Conflict, Invalid, NotFound
+from console.live import live_node_changed, live_node_removed
+from console.models import Role, TokenRole
+from inference import services as inference_services
+from inference.gguf_meta import read_gguf_info
+from inference.models import ApiToken, ModelPackage, RoutingPolicy
+from nodes import services as node_services
+from nodes.models import Node, NodeEvent
+
+NODE_FIELDS = ("address", "package_id", "weight", "affinity", "cpu_set", "threads")
+POLICY_FIELDS = (
+    "session_header",
+    "health_interval_s",
+    "failure_threshold",
+    "failover_strategy",
+    "probe_timeout_s",
+    "connect_timeout_s",
+    "request_timeout_s",
+    "max_attempts",
+)
+
+
+def invalid_from(exc: ValidationError) -> Invalid:
+    """The first message of a Django ``ValidationError`` as ``Invalid`` naming its field."""
+    if hasattr(exc, "message_dict"):
+        field, messages = next(iter(exc.message_dict.items()))
+        name = None if field == "__all__" else field
+        return Invalid(f"{name}: {messages[0]}" if name else messages[0], field=name)
+    return Invalid(exc.messages[0])
+
+
+def _node(node_id: str) -> Node:
+    node = Node.objects.select_related("package").filter(node_id=node_id).first()
+    if node is None:
+        raise NotFound(f"No node {node_id!r}.", code="node_not_found")
+    return node
+
+
+def _check_node(node: Node) -> None:
+    if node.package_id is not None and not ModelPackage.objects.filter(pk=node.package_id).exists():
+        raise Invalid(f"package: no package with id {node.package_id}.", field="package_id")
+    try:
+        node.full_clean(exclude=["package", "state", "last_seen_load"], validate_unique=False)
+    except ValidationError as exc:
+        raise invalid_from(exc) from exc
+
+
+@transaction.atomic
+def node_create(
+    *,
+    node_id: str,
+    address: str,
+    package_id: int | None = None,
+    weight: float = 1.0,
+    affinity: bool = True,
+    cpu_set: str = "",
+    threads: int = 1,
+) -> Node:
+    """Register a new node (state ``unknown`` until the control loop probes it).
+
+    Raises ``Conflict`` when ``node_id`` exists, ``Invalid`` for a bad field.
+    """
+    if Node.objects.filter(node_id=node_id).exists():
+        raise Conflict(f"Node {node_id!r} exists already.", code="node_exists", field="node_id")
+    draft = Node(node_id=node_id, address=address, package_id=package_id, weight=weight,
+                 affinity=affinity, cpu_set=cpu_set, threads=threads)
+    _check_node(draft)
+    node, _ = node_services.node_upsert(
+        node_id=node_id, address=address, package_id=package_id, cpu_set=cpu_set,
+        threads=threads, weight=weight,
+    )
+    if node.affinity != affinity:
+        node.affinity = affinity
+        node.save(update_fields=["affinity", "updated_at"])
+    live_node_changed(node_id=node_id, event=node.events.first())
+    return node
+
+
+@transaction.atomic
+def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
+    """Change some of a node's ``NODE_FIELDS``; a new address or package resets its state to
+    ``unknown`` (see ``nodes.services.node_upsert``). Raises ``NotFound``, ``Invalid``."""
+    node = _node(node_id)
+    unknown = set(changes) - set(NODE_FIELDS)
+    if unknown:
+        field = sorted(unknown)[0]
+        raise Invalid(f"{field}: not a field you can change.", field=field)
+    draft = Node(**{f: getattr(node, f) for f in ("node_id", *NODE_FIELDS)})
+    for key, value in changes.items():
+        setattr(draft, key, value)
+    _check_node(draft)
+    node_services.node_upsert(
+        node_id=node_id, address=draft.address, package_id=draft.package_id,
+        cpu_set=draft.cpu_set, threads=draft.threads, weight=draft.weight,
+    )
+    Node.objects.filter(node_id=node_id).update(weight=draft.weight, affinity=draft.affinity)
+    live_node_changed(node_id=node_id)
+    return _node(node_id)
+
+
+@transaction.atomic
+def node_remove(*, node_id: str) -> None:
+    """Delete a node and its events; sessions pinned to it are placed again at their next turn.
+    Raises ``NotFound``."""
+    node = _node(node_id)
+    node.delete()
+    live_node_removed(node_id=node_id)
+
+
+def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
+    """Drain (no new sessions; pinned ones move at their next turn) or undrain a node; returns
+    the event, or None when it already was so. Raises ``NotFound``."""
+    _node(node_id)
+    service = node_services.node_drain if drained else node_services.node_undrain
+    event = service(node_id=node_id)
+    live_node_changed(node_id=node_id, event=event)
+    return event
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def token_issue(*, name: str, role: Role, created_by_id: int | None = None) -> tuple[ApiToken, str]:
+    """Mint an API token acting with ``role``; returns ``(token, plaintext)``. Show the
+    plaintext once: only its hash is stored. Raises ``Invalid`` for an empty name."""
+    name = name.strip()
+    if not name:
+        raise Invalid("name: give the token a name.", field="name")
+    if len(name) > 100:
+        raise Invalid("name: at most 100 characters.", field="name")
+    token, plaintext = inference_services.token_create(name=name, created_by_id=created_by_id)
+    TokenRole.objects.create(token=token, role=role)
+    return token, plaintext
+
+
+def token_withdraw(*, token_id: int) -> ApiToken:
+    """Revoke a token (it stops working at once). Raises ``NotFound``."""
+    token = ApiToken.objects.filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"No token {token_id}.", code="token_not_found")
+    inference_services.token_revoke(token_id=token_id)
+    token.refresh_from_db()
+    return token
+
+
+def token_role(token: ApiToken) -> Role:
+    """The role a token acts with (``operator`` when it has no role row)."""
+    row = TokenRole.objects.filter(token=token).first()
+    return Role(row.role) if row else Role.OPERATOR
+
+
+# --- packages -------------------------------------------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[ModelPackage, bool]:
+    """Register a GGUF file on this host as package ``name:version``, with what the file says of
+    itself; idempotent for the same file. Raises ``Invalid`` (missing file, bad name),
+    ``Conflict`` (``name:version`` exists with another file)."""
+    path = Path(gguf_path)
+    if not path.is_file():
+        raise Invalid(f"gguf_path: no file at {gguf_path}.", field="gguf_path")
+    probe = ModelPackage(name=name, version=version, gguf_path=gguf_path, sha256="0" * 64)
+    try:
+        probe.full_clean(validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        raise invalid_from(exc) from exc
+    info = read_gguf_info(path)
+    try:
+        return inference_services.package_register(
+            name=name, version=version, gguf_path=str(path), sha256=file_sha256(path),
+            quantization=info.quantization, architecture=info.architecture,
+            context_window=info.context_window, chat_template=info.chat_template,
+        )
+    except inference_services.PackageConflict as exc:
+        raise Conflict(str(exc), code="package_conflict", field="version") from exc
+
+
+def package_remove(*, package_id: int) -> None:
+    """Delete a package no node serves. Raises ``NotFound``, ``Conflict`` (in use)."""
+    package = ModelPackage.objects.filter(pk=package_id).first()
+    if package is None:
+        raise NotFound(f"No package {package_id}.", code="package_not_found")
+    try:
+        package.delete()
+    except ProtectedError as exc:
+        raise Conflict(f"{package.key} is served by nodes; move them first.",
+                       code="package_in_use") from exc
+
+
+# --- routing policy -------------------------------------------------------------------------
+
+
+def policy_update(*, changes: dict[str, Any]) -> RoutingPolicy:
+    """Change some ``POLICY_FIELDS`` of the routing policy (applies at the next request and
+    tick). Raises ``Invalid`` naming the field."""
+    policy = RoutingPolicy.load()
+    for key, value in changes.items():
+        if key not in POLICY_FIELDS:
+            raise Invalid(f"{key}: not a policy field.", field=key)
+        setattr(policy, key, value)
+    try:
+        policy.full_clean()
+    except ValidationError as exc:
+        raise invalid_from(exc) from exc
+    policy.save()
+    return policy

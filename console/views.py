@@ -1,0 +1,331 @@
+"""The operator pages. Thin views: check the role, one read from ``console.selectors`` (or one
+change through ``console.services``), then render. Live numbers arrive over ``/ws/live/``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+from django.views.static import serve
+
+from console import access, selectors, services
+from console.access import role_required
+from console.config_file import ConfigError, apply_config_text, export_config
+from console.errors import ConsoleError
+from console.forms import ConfigForm, NodeForm, PackageForm, PolicyForm, TokenForm
+from console.models import Role
+from console.prometheus import prometheus_text
+from inference.models import ModelPackage
+from nodes.models import Node
+
+NAV = [
+    ("overview", "Overview"),
+    ("nodes", "Nodes"),
+    ("packages", "Packages"),
+    ("routing", "Routing"),
+    ("utilization", "Utilization"),
+    ("playground", "Playground"),
+    ("tokens", "Tokens"),
+    ("config", "Config"),
+]
+
+
+def _render(request: HttpRequest, template: str, context: dict[str, Any],
+            status: int = 200) -> HttpResponse:
+    principal = access.page_principal(request)
+    return render(request, template, {
+        **context,
+        "principal": principal,
+        "can_operate": principal.can(Role.OPERATOR),
+        "can_admin": principal.can(Role.ADMIN),
+        "nav": [(name, label) for name, label in NAV if name != "tokens"
+                or principal.can(Role.ADMIN)],
+        "state_colours": {k: v for k, v in Node.STATE_COLOURS.items()},
+    }, status=status)
+
+
+def _flash_error(request: HttpRequest, exc: ConsoleError) -> None:
+    messages.error(request, exc.message)
+
+
+# --- health, metrics, static ---------------------------------------------------------------
+
+
+@require_GET
+def health(request: HttpRequest) -> JsonResponse:
+    """``GET /health``: 200 ``{"status": "ok"}`` while the control plane answers (no auth)."""
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics``: Prometheus text; Bearer token or a logged-in user with a role."""
+    principal = access.principal_for_user(request.user) or access.principal_for_token(
+        _bearer(request))
+    if principal is None or principal.role is None:
+        response = HttpResponse("authentication required\n", status=401,
+                                content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    return HttpResponse(prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    from inference.services import bearer_token
+
+    return bearer_token(request.headers.get("Authorization"))
+
+
+def static(request: HttpRequest, path: str) -> HttpResponse:
+    """Serve ``static/`` (the embedded control plane has no web server in front)."""
+    response = serve(request, path, document_root=settings.BASE_DIR / "static")
+    response["Cache-Control"] = "public, max-age=3600"
+    return response
+
+
+# --- overview -----------------------------------------------------------------------------
+
+
+@role_required(Role.VIEWER)
+def overview(request: HttpRequest) -> HttpResponse:
+    return _render(request, "console/overview.html", {"page": "overview", **selectors.overview()})
+
+
+# --- nodes --------------------------------------------------------------------------------
+
+
+@role_required(Role.VIEWER)
+def nodes(request: HttpRequest) -> HttpResponse:
+    """The inventory; admins add nodes here (POST)."""
+    form = NodeForm(request.POST or None, prefix="add")
+    if request.method == "POST":
+        access.require(request.principal, Role.ADMIN)  # type: ignore[attr-defined]
+        if form.is_valid():
+            try:
+                node = services.node_create(**form.changes())
+            except ConsoleError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                messages.success(request, f"Registered {node.node_id}; waiting for its first probe.")
+                return redirect("console:node", node_id=node.node_id)
+    return _render(request, "console/nodes.html", {
+        "page": "nodes", "nodes": selectors.nodes_with_sessions(), "form": form,
+    }, status=400 if form.errors else 200)
+
+
+@role_required(Role.VIEWER)
+def node(request: HttpRequest, node_id: str) -> HttpResponse:
+    detail = selectors.node_detail(node_id)
+    if detail is None:
+        raise Http404(f"No node {node_id}")
+    return _render(request, "console/node.html", {"page": "nodes", **detail})
+
+
+@role_required(Role.ADMIN)
+def node_edit(request: HttpRequest, node_id: str) -> HttpResponse:
+    instance = Node.objects.filter(node_id=node_id).first()
+    if instance is None:
+        raise Http404(f"No node {node_id}")
+    form = NodeForm(request.POST or None, instance=instance)
+    if request.method == "POST" and form.is_valid():
+        changes = form.changes()
+        changes.pop("node_id", None)
+        try:
+            services.node_update(node_id=node_id, changes=changes)
+        except ConsoleError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"Saved {node_id}.")
+            return redirect("console:node", node_id=node_id)
+    return _render(request, "console/node_edit.html", {"page": "nodes", "form": form,
+                                                        "node": instance})
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def node_remove(request: HttpRequest, node_id: str) -> HttpResponse:
+    try:
+        services.node_remove(node_id=node_id)
+    except ConsoleError as exc:
+        _flash_error(request, exc)
+    else:
+        messages.success(request, f"Removed {node_id}.")
+    return redirect("console:nodes")
+
+
+def _drain_view(drained: bool):
+    @require_POST
+    @role_required(Role.OPERATOR)
+    def view(request: HttpRequest, node_id: str) -> HttpResponse:
+        try:
+            event = services.node_set_drained(node_id=node_id, drained=drained)
+        except ConsoleError as exc:
+            _flash_error(request, exc)
+        else:
+            verb = "Drained" if drained else "Undrained"
+            messages.success(request, f"{verb} {node_id}." if event else f"{node_id}: no change.")
+        target = request.POST.get("next", "")
+        if target and url_has_allowed_host_and_scheme(target, allowed_hosts=None):
+            return redirect(target)
+        return redirect("console:node", node_id=node_id)
+
+    return view
+
+
+node_drain = _drain_view(True)
+node_undrain = _drain_view(False)
+
+
+# --- packages -----------------------------------------------------------------------------
+
+
+@role_required(Role.VIEWER)
+def packages(request: HttpRequest) -> HttpResponse:
+    form = PackageForm(request.POST or None)
+    if request.method == "POST":
+        access.require(request.principal, Role.ADMIN)  # type: ignore[attr-defined]
+        if form.is_valid():
+            try:
+                package, created = services.package_register_file(**form.cleaned_data)
+            except ConsoleError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                messages.success(request, f"{'Registered' if created else 'Already had'} "
+                                          f"{package.key}.")
+                return redirect("console:package", package_id=package.pk)
+    return _render(request, "console/packages.html", {
+        "page": "packages", "packages": selectors.packages_with_use(), "form": form,
+    }, status=400 if form.errors else 200)
+
+
+@role_required(Role.VIEWER)
+def package(request: HttpRequest, package_id: int) -> HttpResponse:
+    found = ModelPackage.objects.filter(pk=package_id).first()
+    if found is None:
+        raise Http404("No such package")
+    return _render(request, "console/package.html", {
+        "page": "packages", "package": found, "facts": selectors.gguf_facts(found.gguf_path),
+        "nodes": found.nodes.all(),
+    })
+
+
+# --- routing ------------------------------------------------------------------------------
+
+
+@role_required(Role.VIEWER)
+def routing(request: HttpRequest) -> HttpResponse:
+    """The policy editor (operator) and the live routing table."""
+    form = PolicyForm(request.POST or None, instance=selectors.policy())
+    if request.method == "POST":
+        access.require(request.principal, Role.OPERATOR)  # type: ignore[attr-defined]
+        if form.is_valid():
+            services.policy_update(changes=form.cleaned_data)
+            messages.success(request, "Policy saved; it applies to the next request and tick.")
+            return redirect("console:routing")
+    return _render(request, "console/routing.html", {
+        "page": "routing", "form": form, "routes": selectors.routing_table(),
+    }, status=400 if form.errors else 200)
+
+
+@role_required(Role.VIEWER)
+def routing_table(request: HttpRequest) -> HttpResponse:
+    """The routing table's rows alone (the routing page refreshes them every 2 s)."""
+    return render(request, "console/_routes.html", {"routes": selectors.routing_table()})
+
+
+@role_required(Role.VIEWER)
+def session(request: HttpRequest, session_id: str) -> HttpResponse:
+    detail = selectors.session_detail(session_id)
+    if detail is None:
+        raise Http404("No such session")
+    return _render(request, "console/session.html", {"page": "routing", **detail})
+
+
+# --- utilization, playground --------------------------------------------------------------
+
+
+@role_required(Role.VIEWER)
+def utilization(request: HttpRequest) -> HttpResponse:
+    return _render(request, "console/utilization.html", {"page": "utilization",
+                                                         "nodes": selectors.nodes_with_sessions()})
+
+
+@role_required(Role.VIEWER)
+def playground(request: HttpRequest) -> HttpResponse:
+    return _render(request, "console/playground.html", {
+        "page": "playground", "packages": selectors.packages_with_use(),
+        "session_id": f"playground-{uuid.uuid4().hex[:12]}",
+    })
+
+
+# --- tokens, config -----------------------------------------------------------------------
+
+
+@role_required(Role.ADMIN)
+def tokens(request: HttpRequest) -> HttpResponse:
+    """Tokens; a new token's plaintext is shown in this one answer only."""
+    form = TokenForm(request.POST or None)
+    plaintext = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            _, plaintext = services.token_issue(
+                name=form.cleaned_data["name"], role=Role(form.cleaned_data["role"]),
+                created_by_id=request.user.pk)
+        except ConsoleError as exc:
+            form.add_error("name", exc.message)
+        else:
+            form = TokenForm()
+    return _render(request, "console/tokens.html", {
+        "page": "tokens", "tokens": selectors.tokens(), "form": form, "plaintext": plaintext,
+    })
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    try:
+        token = services.token_withdraw(token_id=token_id)
+    except ConsoleError as exc:
+        _flash_error(request, exc)
+    else:
+        messages.success(request, f"Revoked {token.name} ({token.prefix}…).")
+    return redirect("console:tokens")
+
+
+@role_required(Role.VIEWER)
+def config(request: HttpRequest) -> HttpResponse:
+    """The array as a config file; admins apply one (upload or paste)."""
+    form = ConfigForm(request.POST or None, request.FILES or None)
+    report, error = None, None
+    if request.method == "POST":
+        access.require(request.principal, Role.ADMIN)  # type: ignore[attr-defined]
+        if form.is_valid():
+            try:
+                report = apply_config_text(form.cleaned_data["text"],
+                                           prune=form.cleaned_data["prune"],
+                                           dry_run=form.cleaned_data["dry_run"])
+            except (ConfigError, ConsoleError) as exc:
+                error = exc
+    return _render(request, "console/config.html", {
+        "page": "config", "form": form, "report": report, "error": error,
+        "current": export_config(),
+    }, status=422 if error else 200)
+
+
+@role_required(Role.VIEWER)
+def config_download(request: HttpRequest) -> HttpResponse:
+    response = HttpResponse(export_config(), content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="phalanx.yaml"'
+    return response
+
+
+@login_required
+def no_role(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/no_role.html", status=403)

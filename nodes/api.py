@@ -1,0 +1,202 @@
+"""Admin API for the node inventory (``/api/nodes``): list, register, change, remove, drain,
+undrain and the event log. Reads need the viewer role, drain/undrain operator, the rest admin
+(``console.access``). Errors: ``{"detail", "code", "field"}`` with 401/403/404/409/422."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Count
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+
+from console import services
+from console.access import api_require
+from console.errors import Invalid, NotFound
+from console.models import Role
+from inference.models import ModelPackage
+from nodes.models import Node
+
+router = Router(tags=["nodes"])
+
+
+class NodeOut(Schema):
+    node_id: str
+    address: str
+    state: str
+    weight: float
+    affinity: bool
+    cpu_set: str
+    threads: int
+    package: str | None = Field(None, description="name:version of the package it serves")
+    package_id: int | None
+    consecutive_failures: int
+    last_probe_at: datetime | None
+    last_probe_error: str
+    load: float | None
+    last_seen_load: dict | None
+    sessions: int = Field(0, description="sessions pinned to it")
+    updated_at: datetime
+
+
+class NodeIn(Schema):
+    node_id: str
+    address: str = Field(description="host:port of the node's HTTP API")
+    package: str | None = Field(None, description="package as name:version (or name: newest)")
+    package_id: int | None = None
+    weight: float = 1.0
+    affinity: bool = True
+    cpu_set: str = ""
+    threads: int = 1
+
+
+class NodePatchIn(Schema):
+    address: str | None = None
+    package: str | None = None
+    package_id: int | None = None
+    weight: float | None = None
+    affinity: bool | None = None
+    cpu_set: str | None = None
+    threads: int | None = None
+
+
+class NodeEventOut(Schema):
+    id: int
+    node_id: str
+    kind: str
+    message: str
+    created_at: datetime
+
+
+def _out(node_id: str) -> NodeOut:
+    node = (
+        Node.objects.select_related("package")
+        .annotate(pinned=Count("session_routes"))
+        .filter(node_id=node_id)
+        .first()
+    )
+    if node is None:
+        raise NotFound(f"No node {node_id!r}.", code="node_not_found")
+    return _schema(node)
+
+
+def _schema(node: Node) -> NodeOut:
+    return NodeOut(
+        node_id=node.node_id,
+        address=node.address,
+        state=node.state,
+        weight=node.weight,
+        affinity=node.affinity,
+        cpu_set=node.cpu_set,
+        threads=node.threads,
+        package=node.package.key if node.package else None,
+        package_id=node.package_id,
+        consecutive_failures=node.consecutive_failures,
+        last_probe_at=node.last_probe_at,
+        last_probe_error=node.last_probe_error,
+        load=node.load,
+        last_seen_load=node.last_seen_load,
+        sessions=getattr(node, "pinned", 0),
+        updated_at=node.updated_at,
+    )
+
+
+def _package_id(key: str | None, package_id: int | None) -> int | None:
+    if key is None:
+        return package_id
+    name, _, version = key.partition(":")
+    packages = ModelPackage.objects.filter(name=name)
+    if version:
+        packages = packages.filter(version=version)
+    package = packages.order_by("-created_at", "-id").first()
+    if package is None:
+        raise Invalid(f"package: no package {key!r}.", field="package")
+    return package.pk
+
+
+@router.get("/nodes", response=list[NodeOut], summary="List nodes")
+def nodes_list(request: HttpRequest) -> list[NodeOut]:
+    api_require(request, Role.VIEWER)
+    rows = Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
+    return [_schema(n) for n in rows]
+
+
+@router.post("/nodes", response={201: NodeOut}, summary="Register a node")
+def nodes_create(request: HttpRequest, payload: NodeIn) -> tuple[int, NodeOut]:
+    api_require(request, Role.ADMIN)
+    data = payload.dict()
+    data["package_id"] = _package_id(data.pop("package"), data["package_id"])
+    services.node_create(**data)
+    return 201, _out(payload.node_id)
+
+
+@router.get("/nodes/{node_id}", response=NodeOut, summary="Show a node")
+def nodes_show(request: HttpRequest, node_id: str) -> NodeOut:
+    api_require(request, Role.VIEWER)
+    return _out(node_id)
+
+
+@router.put(
+    "/nodes/{node_id}",
+    response={200: NodeOut, 201: NodeOut},
+    summary="Register or replace a node (idempotent)",
+)
+def nodes_put(request: HttpRequest, node_id: str, payload: NodeIn) -> tuple[int, NodeOut]:
+    api_require(request, Role.ADMIN)
+    if payload.node_id != node_id:
+        raise Invalid("node_id: must match the URL.", field="node_id")
+    data = payload.dict()
+    data["package_id"] = _package_id(data.pop("package"), data["package_id"])
+    if Node.objects.filter(node_id=node_id).exists():
+        data.pop("node_id")
+        services.node_update(node_id=node_id, changes=data)
+        return 200, _out(node_id)
+    services.node_create(**data)
+    return 201, _out(node_id)
+
+
+@router.patch("/nodes/{node_id}", response=NodeOut, summary="Change some of a node's fields")
+def nodes_patch(request: HttpRequest, node_id: str, payload: NodePatchIn) -> NodeOut:
+    api_require(request, Role.ADMIN)
+    changes = payload.dict(exclude_unset=True)
+    if "package" in changes:
+        changes["package_id"] = _package_id(changes.pop("package"), None)
+    services.node_update(node_id=node_id, changes=changes)
+    return _out(node_id)
+
+
+@router.delete("/nodes/{node_id}", response={204: None}, summary="Remove a node")
+def nodes_delete(request: HttpRequest, node_id: str) -> tuple[int, None]:
+    api_require(request, Role.ADMIN)
+    services.node_remove(node_id=node_id)
+    return 204, None
+
+
+@router.post("/nodes/{node_id}/drain", response=NodeOut, summary="Drain a node")
+def nodes_drain(request: HttpRequest, node_id: str) -> NodeOut:
+    api_require(request, Role.OPERATOR)
+    services.node_set_drained(node_id=node_id, drained=True)
+    return _out(node_id)
+
+
+@router.post("/nodes/{node_id}/undrain", response=NodeOut, summary="Undrain a node")
+def nodes_undrain(request: HttpRequest, node_id: str) -> NodeOut:
+    api_require(request, Role.OPERATOR)
+    services.node_set_drained(node_id=node_id, drained=False)
+    return _out(node_id)
+
+
+@router.get("/nodes/{node_id}/events", response=list[NodeEventOut], summary="A node's events")
+def nodes_events(request: HttpRequest, node_id: str, limit: int = 50) -> list[NodeEventOut]:
+    api_require(request, Role.VIEWER)
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        raise NotFound(f"No node {node_id!r}.", code="node_not_found")
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit: between 1 and 1000.", field="limit")
+    return [
+        NodeEventOut(
+            id=e.pk, node_id=node_id, kind=e.kind, message=e.message, created_at=e.created_at
+        )
+        for e in node.events.all()[:limit]
+    ]

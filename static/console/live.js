@@ -1,0 +1,117 @@
+// The console's live feed: one websocket to /ws/live/ per page, reconnecting with backoff.
+// Pages subscribe with Phalanx.live.on(type, fn) for "history", "snapshot", "node", "node_removed".
+(function () {
+  "use strict";
+  const handlers = {};
+  const seenEvents = new Set();
+  let socket = null, backoff = 500;
+
+  function on(type, fn) { (handlers[type] = handlers[type] || []).push(fn); }
+  function emit(type, msg) { (handlers[type] || []).forEach(fn => { try { fn(msg); } catch (e) { console.error(e); } }); }
+  function status(ok) {
+    const el = document.getElementById("live-status");
+    if (el) { el.className = "live " + (ok ? "on" : "off"); el.title = ok ? "live feed connected" : "live feed reconnecting"; }
+  }
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    socket = new WebSocket(`${scheme}://${location.host}/ws/live/`);
+    socket.onopen = () => { backoff = 500; status(true); };
+    socket.onmessage = (e) => {
+      const msg = JSON.parse(e.data);
+      if (msg.type === "history") emit("history", msg.snapshots);
+      else if (msg.type === "snapshot") emit("snapshot", msg.snapshot);
+      else if (msg.type === "node") emit("node", msg);
+      else if (msg.type === "node_removed") emit("node_removed", msg.node_id);
+    };
+    socket.onclose = (e) => {
+      status(false);
+      if (e.code === 4401 || e.code === 4403) return;
+      setTimeout(connect, backoff); backoff = Math.min(backoff * 2, 10000);
+    };
+  }
+
+  function esc(s) { return String(s == null ? "" : s).replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c])); }
+  function fmt(v, digits) { return v == null ? "–" : Number(v).toFixed(digits === undefined ? 1 : digits); }
+
+  // Update every element of node `id`: state badge, drain/undrain buttons, fields.
+  function applyNode(id, fields) {
+    document.querySelectorAll(`[data-node="${CSS.escape(id)}"]`).forEach(row => {
+      if (fields.state) {
+        row.querySelectorAll('[data-field="state"]').forEach(b => { b.textContent = fields.state; b.className = "state state-" + fields.state; });
+        row.querySelectorAll('[data-show-when="draining"]').forEach(f => { f.hidden = fields.state !== "draining"; });
+        row.querySelectorAll('[data-show-when="not-draining"]').forEach(f => { f.hidden = fields.state === "draining"; });
+        row.classList.remove("removed");
+      }
+      for (const [key, value] of Object.entries(fields)) {
+        if (key === "state") continue;
+        row.querySelectorAll(`[data-field="${key}"]`).forEach(c => { c.textContent = value == null || value === "" ? "—" : value; });
+      }
+    });
+  }
+
+  function bindNodesTable() {
+    const table = document.getElementById("nodes-table");
+    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, error: msg.node.error, failures: msg.node.failures}));
+    on("node_removed", id => document.querySelectorAll(`[data-node="${CSS.escape(id)}"]`).forEach(r => r.classList.add("removed")));
+    on("snapshot", snap => {
+      for (const [id, n] of Object.entries(snap.nodes)) {
+        if (table && !table.querySelector(`tr[data-node="${CSS.escape(id)}"]`)) {
+          const tbody = table.querySelector("tbody");
+          tbody.querySelectorAll("tr.empty").forEach(r => r.remove());
+          const tr = document.createElement("tr");
+          tr.dataset.node = id;
+          const cols = table.querySelectorAll("thead th").length;
+          tr.innerHTML = `<td><a href="/nodes/${encodeURIComponent(id)}/">${esc(id)}</a></td><td class="mono">${esc(n.address)}</td><td><span data-field="state"></span></td><td>${esc(n.package || "—")}</td><td></td><td data-field="sessions"></td><td data-field="load"></td><td data-field="tps"></td><td data-field="cpu"></td><td class="err" data-field="error"></td>` + (cols > 10 ? "<td><small>reload for actions</small></td>" : "");
+          tbody.appendChild(tr);
+        }
+        const load = n.total ? ((n.active || 0) + (n.queue || 0)) / n.total : null;
+        applyNode(id, {state: n.state, sessions: n.sessions, error: n.error, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
+                       cpu: fmt(n.cpu), load: load == null ? "?" : load.toFixed(2)});
+      }
+      if (table) table.querySelectorAll("tbody tr[data-node]").forEach(r => r.classList.toggle("removed", !(r.dataset.node in snap.nodes)));
+    });
+  }
+
+  function addEvent(ev, nodeFilter) {
+    if (!ev || seenEvents.has(ev.id) || (nodeFilter && ev.node_id !== nodeFilter)) return;
+    seenEvents.add(ev.id);
+    const list = document.getElementById("events");
+    if (!list || list.querySelector(`[data-event="${ev.id}"]`)) return;
+    list.querySelectorAll(".empty").forEach(e => e.remove());
+    const li = document.createElement("li");
+    li.dataset.event = ev.id;
+    li.className = "fresh";
+    const at = ev.at ? new Date(ev.at).toLocaleTimeString([], {hour12: false}) : "";
+    li.innerHTML = `<time>${esc(at)}</time> ${nodeFilter ? "" : `<a href="/nodes/${encodeURIComponent(ev.node_id)}/">${esc(ev.node_id)}</a> `}<b class="kind-${esc(ev.kind)}">${esc(ev.label)}</b> ${esc(ev.message)}`;
+    list.prepend(li);
+  }
+  function bindEvents(nodeFilter) {
+    on("node", msg => addEvent(msg.event, nodeFilter));
+    on("snapshot", snap => (snap.events || []).forEach(ev => addEvent(ev, nodeFilter)));
+  }
+  function bindTiles() {
+    on("snapshot", snap => {
+      const nodes = Object.values(snap.nodes);
+      const count = s => nodes.filter(n => n.state === s).length;
+      const set = (id, v) => { const el = document.getElementById(id); if (el) el.textContent = v; };
+      set("tile-up", count("up")); set("tile-down", count("down")); set("tile-draining", count("draining"));
+      set("tile-tps", fmt(nodes.reduce((a, n) => a + (n.decode_tps || 0), 0)));
+      set("tile-errors", nodes.filter(n => n.error).length);
+      set("tile-sessions", nodes.reduce((a, n) => a + (n.sessions || 0), 0));
+    });
+  }
+  // Re-fetch an HTML fragment into element `id` every `ms` (pauses while the tab is hidden).
+  function refresh(id, url, ms) {
+    setInterval(async () => {
+      if (document.hidden) return;
+      try {
+        const r = await fetch(url, {credentials: "same-origin"});
+        if (r.ok) document.getElementById(id).innerHTML = await r.text();
+      } catch (e) { /* next time */ }
+    }, ms);
+  }
+
+  window.Phalanx = {live: {on}, bindNodesTable, bindEvents, bindTiles, refresh, esc, fmt};
+  document.addEventListener("DOMContentLoaded", connect);
+  if (document.readyState !== "loading") setTimeout(connect, 0);
+})();

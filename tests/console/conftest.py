@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from console.access import user_set_role
+from console.models import Role
+from console.services import token_issue
+from inference.models import ModelPackage
+from nodes.models import Node
+
+PASSWORD = "pw-for-tests"
+
+
+@pytest.fixture
+def package(db) -> ModelPackage:
+    return ModelPackage.objects.create(
+        name="smollm2-test", version="1", gguf_path="/nonexistent/x.gguf", sha256="0" * 64,
+        quantization="Q4_1", context_window=2048,
+    )
+
+
+@pytest.fixture
+def node(db, package) -> Node:
+    return Node.objects.create(node_id="node-01", address="127.0.0.1:9401", package=package,
+                               state=Node.State.UP)
+
+
+@pytest.fixture
+def make_user(db) -> Callable[[str, Role | None], object]:
+    def make(username: str, role: Role | None) -> object:
+        user = get_user_model().objects.create_user(username=username, password=PASSWORD)
+        user_set_role(user=user, role=role)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def users(make_user) -> dict[str, object]:
+    return {role.value: make_user(role.value, role) for role in Role} | {
+        "nobody": make_user("nobody", None)
+    }
+
+
+@pytest.fixture
+def login(users) -> Callable[[str], Client]:
+    def make(role: str) -> Client:
+        client = Client()
+        client.force_login(users[role])
+        return client
+
+    return make
+
+
+@pytest.fixture
+def tokens(db) -> dict[str, str]:
+    """Plaintext API tokens by role."""
+    return {role.value: token_issue(name=f"t-{role.value}", role=role)[1] for role in Role}
+
+
+@pytest.fixture
+def api(tokens) -> Callable[..., object]:
+    """``api(role, method, path, json=None)`` → response, with that role's Bearer token."""
+
+    def call(role: str | None, method: str, path: str, json: object = None, **extra):
+        client = Client()
+        headers = {"Authorization": f"Bearer {tokens[role]}"} if role else {}
+        kwargs = {"headers": headers, **extra}
+        if json is not None:
+            kwargs.update(data=json, content_type="application/json")
+        return getattr(client, method)(f"/api{path}", **kwargs)
+
+    return call
