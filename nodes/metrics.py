@@ -36,6 +36,21 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return samples
 
 
+_NODE_LABEL = re.compile(r'(?<=[{,])node="(?:[^"\\]|\\.)*",?')
+
+
+def without_node_label(samples: dict[str, float]) -> dict[str, float]:
+    """The same samples with the ``node="..."`` label dropped (a node labels every sample with
+    its id; ``m{node="n1",state="active"}`` becomes ``m{state="active"}``, ``m{node="n1"}``
+    becomes ``m``)."""
+    out: dict[str, float] = {}
+    for key, value in samples.items():
+        if 'node="' in key:
+            key = _NODE_LABEL.sub("", key).replace(",}", "}").replace("{}", "")
+        out[key] = value
+    return out
+
+
 def _get(samples: dict[str, float], key: str) -> float | None:
     value = samples.get(key)
     if value is None or math.isnan(value):
@@ -53,6 +68,7 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
     falls back to ``busy + queue depth``; with neither signal it is ``None`` (unknown, which
     routing never takes for idle).
     """
+    samples = without_node_label(samples)
     active = _get(samples, 'phalanx_node_sequences{state="active"}')
     queue = _get(samples, "phalanx_node_queue_depth")
     total = _get(samples, "phalanx_node_sequences_total")

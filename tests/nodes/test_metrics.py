@@ -34,3 +34,15 @@ def test_it_falls_back_to_busy_without_sequence_counts():
 
 def test_it_reports_unknown_load_without_signals():
     assert load_from_metrics({"phalanx_node_requests_total": 4.0})["load"] is None
+
+
+def test_it_reads_the_load_of_a_node_that_labels_its_samples_with_its_id():
+    text = (
+        'phalanx_node_busy{node="node-01"} 1\n'
+        'phalanx_node_sequences{node="node-01",state="active"} 2\n'
+        'phalanx_node_sequences_total{node="node-01"} 4\n'
+        'phalanx_node_queue_depth{node="node-01"} 1\n'
+        'phalanx_node_requests_total{node="node-01"} 7\n'
+    )
+    summary = load_from_metrics(parse_prometheus(text))
+    assert summary["load"] == 0.75 and summary["active"] == 2 and summary["requests"] == 7

@@ -1,0 +1,271 @@
+"""Fault tests with real node agents (the bundled model) on loopback, through the real proxy.
+
+Each test states the failure, then checks what the client sees and what the routing table says.
+Timings are never asserted; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import AsyncClient
+
+from console.asgi import application
+from inference.models import ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
+from inference.services import token_create
+from nodes.control import ControlLoop
+from nodes.models import Node
+from nodes.services import node_drain
+from tests.support.processes import Proc, start_node
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.model]
+
+PACKAGE = "smollm2-135m-instruct-q4_1"
+NODE_ARGS = ["--sequences", "4", "--ctx-per-seq", "1024", "--host-ram-mib", "64"]
+LONG = "Count from 1 to 300, separated by commas."
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fault-nodes")
+
+
+@pytest.fixture(scope="module")
+def steady(log_dir):
+    """Two nodes that stay up for the whole module."""
+    procs = [start_node(f"steady-{i}", log_dir, extra_args=NODE_ARGS) for i in (1, 2)]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+def address(proc: Proc) -> str:
+    return proc.url.removeprefix("http://")
+
+
+@sync_to_async
+def inventory(*procs: Proc) -> str:
+    package, _ = ModelPackage.objects.get_or_create(
+        name=PACKAGE, version="1", defaults={"gguf_path": "x", "sha256": ""}
+    )
+    for proc in procs:
+        node_id = proc.log_path.stem
+        Node.objects.update_or_create(
+            node_id=node_id, defaults={"address": address(proc), "package": package}
+        )
+    policy = RoutingPolicy.load()
+    policy.request_timeout_s, policy.connect_timeout_s, policy.canary_idle_s = 30.0, 1.0, 0
+    policy.save()
+    ControlLoop().tick()
+    return token_create(name="faults")[1]
+
+
+def chat(content: str, max_tokens: int, **extra) -> str:
+    return json.dumps(
+        {
+            "model": PACKAGE,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "temperature": 0,
+            **extra,
+        }
+    )
+
+
+async def open_stream(token: str, session: str, max_tokens: int = 24, content: str = LONG):
+    return await AsyncClient().post(
+        "/v1/chat/completions",
+        chat(content, max_tokens),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}", "X-Session-Id": session},
+    )
+
+
+async def read_all(response) -> str:
+    return b"".join([c async for c in response.streaming_content]).decode()
+
+
+def active_sequences(proc: Proc) -> int:
+    return httpx.get(f"{proc.url}/health", timeout=5).json()["sequences_active"]
+
+
+def cancelled(proc: Proc) -> float:
+    """The node's ``phalanx_node_cancelled_total`` (requests cancelled by their client)."""
+    for line in httpx.get(f"{proc.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("phalanx_node_cancelled_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no phalanx_node_cancelled_total")
+
+
+async def settled(proc: Proc) -> int:
+    """Active sequences once they drop to 0, or after 5 s (bounded poll)."""
+    deadline = time.monotonic() + 5
+    while active_sequences(proc) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return active_sequences(proc)
+
+
+async def test_it_survives_a_node_killed_under_load(steady, log_dir):
+    victim = start_node("victim", log_dir, extra_args=NODE_ARGS)
+    try:
+        token = await inventory(steady[0], victim)
+        sessions = [f"kill-{i}" for i in range(6)]
+        first = await asyncio.wait_for(
+            asyncio.gather(*(open_stream(token, s, max_tokens=48) for s in sessions)), 120
+        )
+        on_victim = [r for r in first if r["X-Phalanx-Node"] == "victim"]
+        assert on_victim, "placement should spread six sessions over two idle nodes"
+        os.kill(victim.popen.pid, signal.SIGKILL)
+        bodies = await asyncio.wait_for(asyncio.gather(*(read_all(r) for r in first)), 120)
+        for response, text in zip(first, bodies, strict=True):
+            assert text.rstrip().endswith("data: [DONE]")  # ended, either way
+            if response["X-Phalanx-Node"] != "victim":
+                assert '"error"' not in text
+        # every request that had not received a byte yet succeeds elsewhere, unseen by the client
+        second = await asyncio.wait_for(
+            asyncio.gather(*(open_stream(token, s, max_tokens=4) for s in sessions)), 120
+        )
+        assert [r.status_code for r in second] == [200] * len(sessions)
+        texts = await asyncio.wait_for(asyncio.gather(*(read_all(r) for r in second)), 120)
+        assert all('"error"' not in t for t in texts)
+        assert {r["X-Phalanx-Node"] for r in second} == {"steady-1"}
+        reasons = await sync_to_async(list)(
+            RouteDecision.objects.filter(action="moved").values_list("reason", flat=True)
+        )
+        assert len(reasons) == len(on_victim)
+        assert all(r.startswith("moved to steady-1: victim") for r in reasons)
+    finally:
+        victim.stop()
+
+
+async def test_it_marks_a_stopped_node_down_and_moves_its_sessions(steady, log_dir):
+    frozen = start_node("frozen", log_dir, extra_args=NODE_ARGS)
+    try:
+        token = await inventory(steady[0], frozen)
+        policy = await sync_to_async(RoutingPolicy.load)()
+        policy.health_interval_s, policy.probe_timeout_s, policy.failure_threshold = 0.5, 0.3, 2
+        await sync_to_async(policy.save)()
+        await sync_to_async(Node.objects.filter(node_id="steady-1").update)(
+            last_seen_load={"load": 5.0}
+        )
+        response = await open_stream(token, "stop-1", max_tokens=2)
+        assert response["X-Phalanx-Node"] == "frozen"
+        await read_all(response)
+        await sync_to_async(ControlLoop().tick)()
+        os.kill(frozen.popen.pid, signal.SIGSTOP)
+        # a turn sent now waits on a process that accepts but never answers ...
+        waiting = asyncio.ensure_future(open_stream(token, "stop-1", max_tokens=2))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        # ... two health checks (two intervals) time out and mark the node down ...
+        loop = ControlLoop()
+        for _ in range(2):
+            await sync_to_async(loop.tick)()
+        assert (await sync_to_async(Node.objects.get)(node_id="frozen")).state == "down"
+        # ... and the waiting turn gives up on it and is answered elsewhere
+        moved = await asyncio.wait_for(waiting, 30)
+        assert moved.status_code == 200 and moved["X-Phalanx-Node"] == "steady-1"
+        assert '"error"' not in await read_all(moved)
+        route = await sync_to_async(SessionRoute.objects.select_related("node").get)(
+            session_id="stop-1"
+        )
+        assert route.node.node_id == "steady-1" and route.moves == 1
+    finally:
+        os.kill(frozen.popen.pid, signal.SIGCONT)
+        frozen.stop()
+
+
+async def test_it_drains_a_node_under_load_without_cutting_streams(steady):
+    token = await inventory(*steady)
+    sessions = [f"drain-{i}" for i in range(4)]
+    responses = await asyncio.wait_for(
+        asyncio.gather(*(open_stream(token, s, max_tokens=32) for s in sessions)), 120
+    )
+    drained = responses[0]["X-Phalanx-Node"]
+    await sync_to_async(node_drain)(node_id=drained)
+    bodies = await asyncio.wait_for(asyncio.gather(*(read_all(r) for r in responses)), 120)
+    assert all('"error"' not in b and b.rstrip().endswith("[DONE]") for b in bodies)
+    # the drained node's sessions move at their next turn and take their KV along
+    mine = [s for s, r in zip(sessions, responses, strict=True) if r["X-Phalanx-Node"] == drained]
+    for session in mine:
+        again = await open_stream(token, session, max_tokens=2)
+        assert again["X-Phalanx-Node"] != drained
+        await read_all(again)
+    kinds = await sync_to_async(list)(
+        RouteDecision.objects.filter(route__session_id__in=mine).values_list("action", flat=True)
+    )
+    assert kinds.count("moved") == len(mine)
+    assert kinds.count("kv_moved") == len(mine)
+
+
+async def test_it_cancels_generation_when_an_sse_client_goes_away(steady):
+    """Through the ASGI application, as the server runs it: the client's ``http.disconnect``."""
+    token = await inventory(steady[0])
+    gone = asyncio.Event()
+    body = chat(LONG, 400).encode()
+    chunks: list[bytes] = []
+    received = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if received:
+            return received.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            chunks.append(message["body"])
+            if len(chunks) == 3:
+                gone.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"x-session-id", b"gone-sse"),
+        ],
+    }
+    before = cancelled(steady[0])
+    app = asyncio.ensure_future(application(scope, receive, send))
+    await asyncio.wait_for(gone.wait(), 60)
+    await asyncio.wait_for(app, 30)  # the handler ends once the client is gone
+    assert await settled(steady[0]) == 0
+    assert b"[DONE]" not in b"".join(chunks)
+    assert cancelled(steady[0]) == before + 1  # stopped by the disconnect, not finished
+
+
+async def test_it_cancels_generation_when_a_websocket_client_goes_away(steady):
+    token = await inventory(steady[0])
+    comm = WebsocketCommunicator(application, f"/ws/sessions/gone-ws/?token={token}")
+    connected, _ = await comm.connect()
+    assert connected
+    before = cancelled(steady[0])
+    await comm.send_json_to({"type": "user", "content": LONG, "max_tokens": 400})
+    for _ in range(3):
+        event = await comm.receive_json_from(timeout=30)
+        assert event["type"] == "delta", event
+    await comm.disconnect()
+    assert await settled(steady[0]) == 0
+    assert cancelled(steady[0]) == before + 1  # stopped by the disconnect, not finished
