@@ -394,7 +394,7 @@ def export_document() -> dict[str, Any]:
     server = _Flow()
     if config.listen:
         server["listen"] = config.listen
-    server["routing_key_header"] = policy.session_header
+    server["routing_key_header"] = str(policy.session_header)
     nodes = []
     for node in Node.objects.select_related("package").order_by("node_id"):
         entry = _Flow(id=node.node_id, address=node.address, weight=_num(node.weight),
@@ -407,7 +407,7 @@ def export_document() -> dict[str, Any]:
     pool: dict[str, Any] = {
         "nodes": nodes,
         "health_check_interval_ms": int(round(policy.health_interval_s * 1000)),
-        "failover_strategy": policy.failover_strategy,
+        "failover_strategy": str(policy.failover_strategy),
     }
     inference: dict[str, Any] = {}
     model_path = config.model_path or next(

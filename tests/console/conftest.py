@@ -15,6 +15,11 @@ from nodes.models import Node
 PASSWORD = "pw-for-tests"
 
 
+@pytest.fixture(autouse=True)
+def fast_passwords(settings) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def package(db) -> ModelPackage:
     return ModelPackage.objects.create(

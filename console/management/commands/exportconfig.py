@@ -1,0 +1,22 @@
+"""``manage.py exportconfig [-o FILE]``: the inventory and settings as a YAML config file."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from console.config_file import export_config
+
+
+class Command(BaseCommand):
+    help = "Export the inventory and settings as a YAML config file."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("-o", "--output", help="write here instead of standard output")
+
+    def handle(self, *args, **options) -> None:
+        text = export_config()
+        if options["output"]:
+            with open(options["output"], "w", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            self.stdout.write(text, ending="")

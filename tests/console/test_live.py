@@ -1,0 +1,136 @@
+"""The live feed ``/ws/live/``: auth and origin, history then snapshots, node events, in both
+channel-layer modes (in-memory; channels-redis with a second layer standing for another
+process)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.core.cache import cache
+from django.test import override_settings
+
+from console import services, utilization
+from console.asgi import application
+from console.live import LIVE_GROUP
+from console.models import Role
+from inference.models import ModelPackage
+from nodes.models import Node
+from tests.fakenode import FakeNode
+
+METRICS = (
+    'phalanx_node_decode_tokens_per_second{node="n"} 41.5\n'
+    'phalanx_node_prefill_tokens_per_second{node="n"} 300\n'
+    'phalanx_node_sequences{node="n",state="active"} 1\n'
+    'phalanx_node_sequences{node="n",state="idle"} 2\n'
+    'phalanx_node_sequences_total{node="n"} 4\n'
+    'phalanx_node_kv_used_tokens{node="n"} 512\nphalanx_node_kv_capacity_tokens{node="n"} 2048\n'
+    'phalanx_node_queue_depth{node="n"} 0\n'
+)
+
+
+@pytest.fixture
+def fake(transactional_db):
+    cache.clear()
+    node = FakeNode("node-01", metrics_text=METRICS).start()
+    package = ModelPackage.objects.create(name="m", version="1", gguf_path="/x", sha256="0" * 64)
+    Node.objects.create(node_id="node-01", address=node.address, package=package, state="up")
+    yield node
+    node.stop()
+    cache.clear()
+
+
+@pytest.fixture
+def token(transactional_db) -> str:
+    return services.token_issue(name="live", role=Role.VIEWER)[1]
+
+
+async def _next(communicator: WebsocketCommunicator, kind: str, limit: int = 20) -> dict:
+    for _ in range(limit):
+        message = await communicator.receive_json_from(timeout=10)
+        if message["type"] == kind:
+            return message
+    raise AssertionError(f"no {kind} message")
+
+
+def test_it_reads_node_metrics_into_snapshot_fields():
+    fields = utilization.metrics_fields(METRICS)
+    assert fields["decode_tps"] == 41.5 and fields["active"] == 1 and fields["idle"] == 2
+    assert fields["kv_pct"] == 25.0
+
+
+async def test_it_refuses_a_socket_without_credentials(transactional_db):
+    communicator = WebsocketCommunicator(application, "/ws/live/")
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await communicator.receive_json_from())["code"] == 4401
+    assert (await communicator.receive_output())["code"] == 4401
+    await communicator.disconnect()
+
+
+async def test_it_refuses_a_foreign_origin(token):
+    communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}",
+                                         headers=[(b"origin", b"http://evil.example")])
+    connected, _ = await communicator.connect()
+    assert not connected
+    await communicator.disconnect()
+
+
+async def test_it_sends_history_then_snapshots(fake, token):
+    communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}",
+                                         headers=[(b"origin", b"http://127.0.0.1:8000")])
+    assert (await communicator.connect())[0]
+    history = await _next(communicator, "history")
+    assert history["snapshots"] == []
+    snapshot = (await _next(communicator, "snapshot"))["snapshot"]
+    node = snapshot["nodes"]["node-01"]
+    assert node["state"] == "up" and node["ok"] and node["decode_tps"] == 41.5
+    assert "cpu" in snapshot["host"]
+    await communicator.disconnect()
+    again = WebsocketCommunicator(application, f"/ws/live/?token={token}")
+    assert (await again.connect())[0]
+    assert len((await _next(again, "history"))["snapshots"]) >= 1
+    await again.disconnect()
+
+
+async def test_it_pushes_a_drain_to_open_pages(fake, token):
+    communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}")
+    assert (await communicator.connect())[0]
+    await _next(communicator, "history")
+    await sync_to_async(services.node_set_drained)(node_id="node-01", drained=True)
+    message = await _next(communicator, "node")
+    assert message["node"]["state"] == "draining" and message["event"]["kind"] == "drained"
+    await communicator.disconnect()
+
+
+def _redis_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
+    except OSError:
+        return bool(os.environ.get("PHALANX_TEST_REDIS"))
+    return True
+
+
+@pytest.mark.skipif(not _redis_up(), reason="no Redis on 127.0.0.1:6379 (set PHALANX_TEST_REDIS)")
+async def test_it_relays_events_from_another_process_through_redis(fake, token):
+    from channels_redis.core import RedisChannelLayer
+
+    url = os.environ.get("PHALANX_TEST_REDIS", "redis://127.0.0.1:6379/0")
+    prefix = f"phx-test-{uuid.uuid4().hex[:8]}"
+    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                          "CONFIG": {"hosts": [url], "prefix": prefix}}}
+    with override_settings(CHANNEL_LAYERS=layers):
+        communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}")
+        assert (await communicator.connect())[0]
+        await _next(communicator, "history")
+        other_process = RedisChannelLayer(hosts=[url], prefix=prefix)
+        await other_process.group_send(LIVE_GROUP, {"type": "node.removed", "node_id": "gone"})
+        assert (await _next(communicator, "node_removed"))["node_id"] == "gone"
+        await sync_to_async(services.node_set_drained)(node_id="node-01", drained=True)
+        assert (await _next(communicator, "node"))["node"]["state"] == "draining"
+        await communicator.disconnect()
+        await other_process.flush()
