@@ -1,0 +1,269 @@
+"""Browser tests: the console in headless Chromium (Debian's ``chromium``, driven by Playwright
+with ``executable_path``) against a real control plane (daphne), control loop and node agent
+with the bundled model, all on loopback. Screenshots of each page go to
+``artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.processes import REPO, Proc, free_port, spawn, start_node, wait_healthy
+
+CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+SHOTS = REPO / "artifacts" / "screenshots"
+PASSWORD = "browser-test-pw"
+NODE_ID = "node-b1"
+PACKAGE = "smollm2-135m-instruct-q4_1"
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.model,
+    pytest.mark.skipif(not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
+                       reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"),
+]
+
+SETUP = f"""
+from django.contrib.auth import get_user_model
+from console.access import user_set_role
+from console.models import Role
+from console.services import token_issue
+from inference.models import RoutingPolicy
+from nodes.embedded import package_register_bundled
+from tests.support.processes import bundled_model_path
+users = get_user_model()
+users.objects.create_superuser("admin", password="{PASSWORD}")
+for role in (Role.OPERATOR, Role.VIEWER):
+    user_set_role(user=users.objects.create_user(role.value, password="{PASSWORD}"), role=role)
+policy = RoutingPolicy.load()
+policy.health_interval_s = 1.0
+policy.probe_timeout_s = 1.0
+policy.save()
+package_register_bundled(bundled_model_path())
+print(token_issue(name="browser-tests", role=Role.ADMIN)[1])
+"""
+
+
+@dataclass
+class Array:
+    url: str
+    token: str
+    procs: list[Proc]
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return httpx.request(method, f"{self.url}/api{path}", headers=headers, timeout=10,
+                             **kwargs)
+
+
+@pytest.fixture(scope="module")
+def array(tmp_path_factory) -> Iterator[Array]:
+    """daphne + control loop on a fresh SQLite under a temporary PHALANX_HOME."""
+    home = tmp_path_factory.mktemp("phalanx-home")
+    env = {**os.environ, "PHALANX_HOME": str(home), "DJANGO_SETTINGS_MODULE": "console.settings"}
+    env.pop("REDIS_URL", None)
+    env.pop("DATABASE_URL", None)
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
+    token = subprocess.run([*manage, "shell", "-c", SETUP], cwd=REPO, env=env, check=True,
+                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    port = free_port()
+    extra = {"PHALANX_HOME": str(home)}
+    daphne = spawn([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                    "console.asgi:application"], home / "daphne.log", env=extra)
+    loop = spawn([*manage, "controlloop"], home / "controlloop.log", env=extra)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, daphne, timeout=60)
+        yield Array(url=url, token=token, procs=[daphne, loop])
+    finally:
+        for proc in (loop, daphne):
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def agent(array, tmp_path_factory) -> Iterator[Proc]:
+    """A real node agent with the bundled model (not registered: tests register it)."""
+    proc = start_node(NODE_ID, tmp_path_factory.mktemp("node-logs"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def healthy_node(array, agent) -> str:
+    """The agent registered and up (registered through the API if a test has not already)."""
+    address = agent.url.removeprefix("http://")
+    body = {"node_id": NODE_ID, "address": address, "package": PACKAGE}
+    if array.api("GET", f"/nodes/{NODE_ID}").status_code == 404:
+        assert array.api("PUT", f"/nodes/{NODE_ID}", json=body).status_code in (200, 201)
+    array.api("POST", f"/nodes/{NODE_ID}/undrain")
+    deadline = time.monotonic() + 60
+    while array.api("GET", f"/nodes/{NODE_ID}").json()["state"] != "up":
+        assert time.monotonic() < deadline, "node did not come up"
+        time.sleep(0.3)
+    return NODE_ID
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_sync.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page_as(browser, array):
+    """``page_as(role)``: a new page logged in as that role."""
+    contexts = []
+
+    def make(role: str):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{array.url}/login/")
+        page.fill("input[name=username]", role)
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{array.url}/")
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_it_logs_in(browser, array):
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{array.url}/nodes/")
+    assert "/login/" in page.url
+    shot(page, "login")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "wrong")
+    page.click("button[type=submit]")
+    assert page.locator(".error").is_visible()
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{array.url}/nodes/")
+    assert page.locator("h1").inner_text() == "Nodes"
+    page.wait_for_selector("#live-status.on")
+    context.close()
+
+
+def test_it_adds_a_node_and_watches_it_become_healthy(page_as, array, agent):
+    page = page_as("admin")
+    page.goto(f"{array.url}/nodes/")
+    page.fill("#id_add-node_id", NODE_ID)
+    page.fill("#id_add-address", agent.url.removeprefix("http://"))
+    page.select_option("#id_add-package", label=f"{PACKAGE}:1")
+    page.click("#add-node button[type=submit]")
+    page.wait_for_url(f"{array.url}/nodes/{NODE_ID}/")
+    state = page.locator(".title-row [data-field=state]")
+    playwright_sync.expect(state).to_have_text("up", timeout=60_000)  # no reload
+    playwright_sync.expect(page.locator("#events")).to_contain_text("Registered")
+    shot(page, "node")
+    page.goto(f"{array.url}/nodes/")
+    playwright_sync.expect(page.locator(f'tr[data-node="{NODE_ID}"] [data-field=state]')
+                           ).to_have_text("up")
+    shot(page, "nodes")
+
+
+def test_it_chats_in_the_playground_and_shows_node_and_timings(page_as, array, healthy_node):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/playground/")
+    page.fill("#max-tokens", "12")
+    page.fill("#message", "Say hello.")
+    page.click("#send")
+    meta = page.locator(".msg.assistant .meta.done")
+    playwright_sync.expect(meta).to_contain_text(f"node {healthy_node}", timeout=120_000)
+    assert "TTFT" in meta.inner_text() and "tok/s" in meta.inner_text()
+    assert page.locator(".msg.assistant .content").inner_text().strip()
+    shot(page, "playground")
+
+
+def test_it_drains_a_node_from_its_page(page_as, array, healthy_node):
+    page = page_as("operator")
+    page.goto(f"{array.url}/nodes/{healthy_node}/")
+    page.click("button[data-action=drain]")
+    state = page.locator(".title-row [data-field=state]")
+    playwright_sync.expect(state).to_have_text("draining")
+    playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_visible()
+    playwright_sync.expect(page.locator("#events")).to_contain_text("Drained")
+    assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "draining"
+    shot(page, "node-draining")
+    page.click("button[data-action=undrain]")
+    playwright_sync.expect(state).to_have_text("up", timeout=30_000)
+
+
+def test_it_grows_a_utilization_chart(page_as, array, healthy_node):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/utilization/")
+    chart = "document.getElementById('chart-tps')"
+    page.wait_for_function(f"{chart} && Number({chart}.dataset.points) > 0", timeout=30_000)
+    first = int(page.evaluate(f"{chart}.dataset.points"))
+    page.wait_for_function(f"Number({chart}.dataset.points) > {first}", timeout=30_000)
+    assert page.evaluate(f"{chart}.data.length") >= 1
+    shot(page, "utilization")
+
+
+def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/nodes/{healthy_node}/")
+    assert page.locator("button[data-action=drain]").count() == 0
+    status = page.evaluate(
+        """async (url) => {
+            const csrf = document.querySelector('[name=csrfmiddlewaretoken]').value;
+            const r = await fetch(url, {method: 'POST', headers: {'X-CSRFToken': csrf}});
+            return r.status; }""",
+        f"/nodes/{healthy_node}/drain/",
+    )
+    assert status == 403
+    api_status = page.evaluate(
+        """async (url) => {
+            const csrf = document.querySelector('[name=csrfmiddlewaretoken]').value;
+            return (await fetch(url, {method: 'POST', headers: {'X-CSRFToken': csrf}})).status; }""",
+        f"/api/nodes/{healthy_node}/drain",
+    )
+    assert api_status == 403
+    assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "up"
+    shot(page, "node-viewer")
+
+
+def test_it_screenshots_every_page(page_as, array, healthy_node):
+    page = page_as("admin")
+    package_id = array.api("GET", "/packages").json()[0]["id"]
+    pages = {"overview": "/", "packages": "/packages/", "package": f"/packages/{package_id}/",
+             "routing": "/routing/", "tokens": "/tokens/", "config": "/config/",
+             "api-docs": "/api/docs"}
+    for name, path in pages.items():
+        response = page.goto(f"{array.url}{path}")
+        assert response is not None and response.status == 200, path
+        shot(page, name)
+    sessions = page.locator("#routes-body a[href^='/sessions/']")
+    if sessions.count():
+        sessions.first.click()
+        page.wait_for_selector("#decisions")
+        shot(page, "session")
+    page.goto(f"{array.url}/")
+    playwright_sync.expect(page.locator(f'tr[data-node="{healthy_node}"] [data-field=state]')
+                           ).to_have_text("up")
