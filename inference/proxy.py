@@ -216,7 +216,13 @@ def _retry_after(response: httpx.Response, default: int) -> int:
         return default
 
 
-async def upstream_open(*, payload: dict[str, Any], model: str, session_id: str | None) -> Upstream:
+async def upstream_open(
+    *,
+    payload: dict[str, Any],
+    model: str,
+    session_id: str | None,
+    policy: RoutingPolicy | None = None,
+) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for package ``model`` and open the node's answer.
 
     Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
@@ -225,9 +231,10 @@ async def upstream_open(*, payload: dict[str, Any], model: str, session_id: str 
     node. A 503 (queue full) from the node a session is pinned to is passed on as 503 with
     Retry-After instead: the session keeps its KV and its node. Raises ``ArrayFull`` (429) when
     this process already holds ``max_inflight`` requests or every node is at its limits, and
-    ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``.
+    ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``. ``policy`` saves
+    a read when the caller already has it.
     """
-    policy = await _load_policy()
+    policy = policy or await _load_policy()
     if policy.max_inflight and inflight.total >= policy.max_inflight:
         raise ArrayFull(
             f"The control plane has {inflight.total} requests open (max_inflight "

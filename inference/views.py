@@ -36,11 +36,16 @@ def _authenticate(request: HttpRequest) -> str:
 
 
 @sync_to_async
-def _prepare_chat(request: HttpRequest) -> tuple[dict[str, Any], str, str | None]:
+def _prepare_chat(
+    request: HttpRequest,
+) -> tuple[dict[str, Any], str, str | None, RoutingPolicy]:
+    """Authenticate, validate, resolve the model and the session key: one thread hop."""
+    services.token_authenticate(raw=services.bearer_token(request.headers.get("Authorization")))
     body = check_chat_body(parse_json_object(request.body))
     package = services.package_resolve(model=body["model"])
-    key = session_key(request.headers, header=RoutingPolicy.load().session_header)
-    return body, package.name, key
+    policy = RoutingPolicy.load()
+    key = session_key(request.headers, header=policy.session_header)
+    return body, package.name, key, policy
 
 
 @csrf_exempt
@@ -53,9 +58,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         if request.method != "POST":
             raise MethodNotAllowed("Use POST for /v1/chat/completions.")
-        await _authenticate(request)
-        body, model, key = await _prepare_chat(request)
-        upstream = await proxy.upstream_open(payload=body, model=model, session_id=key)
+        body, model, key, policy = await _prepare_chat(request)
+        upstream = await proxy.upstream_open(
+            payload=body, model=model, session_id=key, policy=policy
+        )
     except ProxyError as exc:
         return error_response(exc)
     content_type = upstream.headers.get("content-type", "application/json")

@@ -1,0 +1,108 @@
+"""Session-pinned routing against round-robin and random, on three nodes, in one run.
+
+Twelve concurrent multi-turn agent sessions (the sessions of ``bench/multiturn.py``: a ~600-token
+system prompt with tool schemas, then user messages and tool results, ~40 generated tokens a
+turn). Three ways to spread them over the same three nodes:
+
+- ``pinned``: through the Phalanx control plane (daphne + proxy + control loop), which places
+  each session on the least-loaded node and keeps it there, so each turn prefills only its suffix;
+- ``round_robin``: each turn to the next node in turn (a plain L4/L7 balancer);
+- ``random``: each turn to a random node.
+
+The peers call the nodes directly (no proxy hop), with the same ``X-Session-Id``, so a turn that
+happens to land on the node that holds the session still reuses its KV. ``ratio`` = round-robin
+mean turn latency / pinned mean turn latency (goal: >= 2), reported with equal success rates.
+
+    python bench/affinity.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from control_plane import ControlPlane
+from harness import emit, percentile, start_node, stream_chat
+from multiturn import SYSTEM, turn_message
+
+NODE_ARGS = ["--sequences", "6", "--ctx-per-seq", "3072", "--host-ram-mib", "256"]
+
+
+async def session(client, pick, sid: int, turns: int, max_tokens: int, mode: str, out: dict) -> None:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn in range(turns):
+        messages.append(turn_message(sid, turn))
+        url, headers = pick()
+        body = {"model": "smollm2-135m-instruct-q4_1", "messages": messages,
+                "max_tokens": max_tokens, "temperature": 0.7, "seed": sid * 100 + turn}
+        start = time.perf_counter()
+        try:
+            result = await stream_chat(client, url, body,
+                                       headers={**headers, "X-Session-Id": f"{mode}-{sid}"})
+        except httpx.HTTPError:
+            out["failed"] += 1
+            messages.append({"role": "assistant", "content": "(failed)"})
+            continue
+        out["latencies"].append(time.perf_counter() - start)
+        out["ok"] += 1
+        messages.append({"role": "assistant", "content": result.text})
+
+
+async def measure(mode: str, pickers, sessions: int, turns: int, max_tokens: int) -> dict:
+    out: dict = {"latencies": [], "ok": 0, "failed": 0}
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(session(client, pickers(s), s, turns, max_tokens, mode, out)
+                               for s in range(sessions)))
+        wall = time.perf_counter() - start
+    lat = out["latencies"]
+    return {"turns_ok": out["ok"], "turns_failed": out["failed"],
+            "success_rate": round(out["ok"] / max(1, out["ok"] + out["failed"]), 3),
+            "mean_turn_s": round(sum(lat) / max(1, len(lat)), 3),
+            "p95_turn_s": round(percentile(lat, 95), 3), "wall_s": round(wall, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="6 sessions x 3 turns, within 60 s")
+    args = parser.parse_args()
+    sessions, turns, max_tokens = (6, 3, 16) if args.quick else (12, 8, 40)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
+    nodes = [start_node(f"node-0{i}", log_dir, extra_args=NODE_ARGS) for i in (1, 2, 3)]
+    plane = None
+    try:
+        addresses = {p.log_path.stem: p.url.removeprefix("http://") for p in nodes}
+        plane = ControlPlane(addresses, log_dir, policy={"health_interval_s": 1.0, "canary_idle_s": 0})
+        urls = [p.url for p in nodes]
+        rr = itertools.cycle(urls)
+        rng = random.Random(7)
+        pickers = {
+            "pinned": lambda s: (lambda: (plane.url, plane.headers)),
+            "round_robin": lambda s: (lambda: (next(rr), {})),
+            "random": lambda s: (lambda: (rng.choice(urls), {})),
+        }
+        results = {mode: asyncio.run(measure(mode, pick, sessions, turns, max_tokens))
+                   for mode, pick in pickers.items()}
+    finally:
+        if plane is not None:
+            plane.stop()
+        for proc in nodes:
+            proc.stop()
+    for mode, r in results.items():
+        print(f"{mode:12s} mean turn {r['mean_turn_s']} s, p95 {r['p95_turn_s']} s, "
+              f"success {r['success_rate']}")
+    emit({"bench": "affinity", "quick": args.quick, "nodes": 3, "sessions": sessions,
+          "turns": turns, **results,
+          "ratio_vs_random": round(results["random"]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2),
+          "ratio": round(results["round_robin"]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2)})
+
+
+if __name__ == "__main__":
+    main()

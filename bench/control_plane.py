@@ -1,0 +1,73 @@
+"""A real control plane for the routing benchmarks: its own database, daphne and the control loop.
+
+``ControlPlane(nodes, log_dir, policy={...})`` migrates a fresh SQLite database under a temporary
+``PHALANX_HOME``, registers the package and the given node processes, sets the routing policy,
+then starts ``daphne console.asgi:application`` and ``manage.py controlloop`` on loopback.
+Clients call ``url`` with ``headers`` (a Bearer token from ``$PHALANX_API_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from harness import Proc, free_port, spawn  # noqa: F401
+
+PACKAGE = "smollm2-135m-instruct-q4_1"
+TOKEN = "bench-token"
+
+
+class ControlPlane:
+    def __init__(self, nodes: dict[str, str], log_dir: Path, *, policy: dict | None = None) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="phalanx-home-"))
+        self.env = {"PHALANX_HOME": str(self.home), "PHALANX_API_TOKEN": TOKEN,
+                    "DJANGO_SETTINGS_MODULE": "console.settings"}
+        repo = Path(__file__).resolve().parents[1]
+        setup = (
+            "import django, json, sys; django.setup()\n"
+            "from django.core.management import call_command\n"
+            "from django.utils import timezone\n"
+            "call_command('migrate', verbosity=0)\n"
+            "from inference.models import ModelPackage, RoutingPolicy\n"
+            "from nodes.models import Node\n"
+            "nodes, policy = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+            f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
+            "for node_id, address in nodes.items():\n"
+            "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
+            "                        last_probe_at=timezone.now())\n"
+            "p = RoutingPolicy.load()\n"
+            "for k, v in policy.items(): setattr(p, k, v)\n"
+            "p.full_clean(); p.save()\n"
+        )
+        import json
+
+        subprocess.run([sys.executable, "-c", setup, json.dumps(nodes), json.dumps(policy or {})],
+                       cwd=repo, env={**os.environ, **self.env}, check=True)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.headers = {"Authorization": f"Bearer {TOKEN}"}
+        self.loop = spawn([sys.executable, "manage.py", "controlloop"], log_dir / "controlloop.log",
+                          env=self.env)
+        self.server = spawn([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "console.asgi:application"], log_dir / "daphne.log", env=self.env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.server.popen.poll() is not None:
+                raise RuntimeError(self.server.log()[-3000:])
+            try:
+                if httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"control plane not ready:\n{self.server.log()[-3000:]}")
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.loop.stop()
