@@ -52,8 +52,11 @@ def _django_validation(request: HttpRequest, exc: ValidationError) -> HttpRespon
 
 @api.exception_handler(AuthenticationError)
 def _unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    body = {"detail": "Send 'Authorization: Bearer <token>' or log in.", "code": "unauthorized",
-            "field": None}
+    body = {
+        "detail": "Send 'Authorization: Bearer <token>' or log in.",
+        "code": "unauthorized",
+        "field": None,
+    }
     response = api.create_response(request, body, status=401)
     response["WWW-Authenticate"] = "Bearer"
     return response
@@ -75,9 +78,9 @@ def ping(request) -> dict:
 
 
 from console.api_config import router as config_router  # noqa: E402
+from inference.api import router as inference_router  # noqa: E402
 from inference.api_packages import router as packages_router  # noqa: E402
 from nodes.api import router as nodes_router  # noqa: E402
-from inference.api import router as inference_router  # noqa: E402
 
 api.add_router("/", nodes_router)
 api.add_router("/", packages_router)

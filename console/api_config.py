@@ -62,8 +62,12 @@ def me(request: HttpRequest) -> dict[str, Any]:
     return {"name": principal.name, "role": principal.role.value if principal.role else None}
 
 
-@router.get("/config", response=ConfigOut, tags=["config"],
-            summary="Export the array as a config file (?format=yaml for the raw file)")
+@router.get(
+    "/config",
+    response=ConfigOut,
+    tags=["config"],
+    summary="Export the array as a config file (?format=yaml for the raw file)",
+)
 def config_export(request: HttpRequest, format: str = "json") -> Any:
     api_require(request, Role.VIEWER)
     text = export_config()
@@ -83,25 +87,34 @@ def _body_text(request: HttpRequest) -> str:
         except ValueError as exc:
             raise ConfigError(f"body is not valid JSON: {exc}") from exc
         if not isinstance(data, dict) or not isinstance(data.get("yaml"), str):
-            raise ConfigError("send {\"yaml\": \"...\"} or the YAML file itself.", field="yaml")
+            raise ConfigError('send {"yaml": "..."} or the YAML file itself.', field="yaml")
         return data["yaml"]
     if content_type and content_type not in YAML_TYPES:
         raise ConfigError(f"send the file as application/yaml, not {content_type}.")
     return raw
 
 
-@router.post("/config", response={200: ApplyOut, 422: ConfigErrorOut}, tags=["config"],
-             summary="Apply a config file (YAML body or {\"yaml\": ...}); idempotent",
-             openapi_extra={"requestBody": {"content": {"application/yaml": {
-                 "schema": {"type": "string"}}}}})
+@router.post(
+    "/config",
+    response={200: ApplyOut, 422: ConfigErrorOut},
+    tags=["config"],
+    summary='Apply a config file (YAML body or {"yaml": ...}); idempotent',
+    openapi_extra={
+        "requestBody": {"content": {"application/yaml": {"schema": {"type": "string"}}}}
+    },
+)
 def config_apply(request: HttpRequest, prune: bool = False, dry_run: bool = False) -> Any:
     api_require(request, Role.ADMIN)
     report = apply_config_text(_body_text(request), prune=prune, dry_run=dry_run)
     return report_out(report)
 
 
-@router.get("/utilization", response=UtilizationOut, tags=["utilization"],
-            summary="The kept utilization snapshots (the last minutes)")
+@router.get(
+    "/utilization",
+    response=UtilizationOut,
+    tags=["utilization"],
+    summary="The kept utilization snapshots (the last minutes)",
+)
 def utilization_history(request: HttpRequest) -> dict[str, Any]:
     api_require(request, Role.VIEWER)
     return {"snapshots": async_to_sync(utilization.history)()}

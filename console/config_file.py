@@ -119,8 +119,9 @@ def _mapping(node: yaml.Node, path: str, keys: set[str]) -> dict[str, yaml.Node]
         where = f"{path}.{key}" if path else str(key)
         if key not in keys:
             allowed = ", ".join(sorted(keys))
-            raise ConfigError(f"unknown key; expected one of {allowed}.", line=_line(key_node),
-                              field=where)
+            raise ConfigError(
+                f"unknown key; expected one of {allowed}.", line=_line(key_node), field=where
+            )
         if key in out:
             raise ConfigError("appears twice.", line=_line(key_node), field=where)
         out[key] = value_node
@@ -141,8 +142,9 @@ def _construct(node: yaml.ScalarNode) -> Any:
         loader.dispose()
 
 
-def _string(node: yaml.Node, path: str, pattern: re.Pattern[str] | None = None,
-            hint: str = "") -> str:
+def _string(
+    node: yaml.Node, path: str, pattern: re.Pattern[str] | None = None, hint: str = ""
+) -> str:
     value = _scalar(node, path)
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
         raise ConfigError("must be text.", line=_line(node), field=path)
@@ -177,17 +179,29 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
     keys = _mapping(node, path, {"id", "address", "weight", "affinity", "cpu_set", "threads"})
     for required in ("id", "address"):
         if required not in keys:
-            raise ConfigError(f"'{required}' is required.", line=_line(node),
-                              field=f"{path}.{required}")
+            raise ConfigError(
+                f"'{required}' is required.", line=_line(node), field=f"{path}.{required}"
+            )
     return NodeSpec(
-        node_id=_string(keys["id"], f"{path}.id", _NODE_ID,
-                        "must be letters, digits, '-' or '_' (at most 64)."),
-        address=_string(keys["address"], f"{path}.address", _ADDRESS,
-                        "must be host:port, for example 127.0.0.1:9401."),
+        node_id=_string(
+            keys["id"], f"{path}.id", _NODE_ID, "must be letters, digits, '-' or '_' (at most 64)."
+        ),
+        address=_string(
+            keys["address"],
+            f"{path}.address",
+            _ADDRESS,
+            "must be host:port, for example 127.0.0.1:9401.",
+        ),
         weight=_number(keys["weight"], f"{path}.weight", 0) if "weight" in keys else None,
         affinity=_bool(keys["affinity"], f"{path}.affinity") if "affinity" in keys else None,
-        cpu_set=_string(keys["cpu_set"], f"{path}.cpu_set", _CPU_SET,
-                        "must be a CPU list such as 0, 0-3 or 0,2.") if "cpu_set" in keys else None,
+        cpu_set=_string(
+            keys["cpu_set"],
+            f"{path}.cpu_set",
+            _CPU_SET,
+            "must be a CPU list such as 0, 0-3 or 0,2.",
+        )
+        if "cpu_set" in keys
+        else None,
         threads=_int(keys["threads"], f"{path}.threads", 1) if "threads" in keys else None,
     )
 
@@ -202,8 +216,11 @@ def _nodes(node: yaml.Node, path: str) -> list[NodeSpec]:
     for i, item in enumerate(node.value):
         spec = _node_spec(item, f"{path}[{i}]")
         if spec.node_id in seen:
-            raise ConfigError(f"node id {spec.node_id!r} is also at line {seen[spec.node_id]}.",
-                              line=_line(item), field=f"{path}[{i}].id")
+            raise ConfigError(
+                f"node id {spec.node_id!r} is also at line {seen[spec.node_id]}.",
+                line=_line(item),
+                field=f"{path}[{i}].id",
+            )
         seen[spec.node_id] = _line(item)
         specs.append(spec)
     return specs
@@ -217,8 +234,9 @@ def parse_config(text: str) -> ArraySpec:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise ConfigError(f"not valid YAML: {exc.problem or exc}",
-                          line=mark.line + 1 if mark else None) from exc
+        raise ConfigError(
+            f"not valid YAML: {exc.problem or exc}", line=mark.line + 1 if mark else None
+        ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}") from exc
     if root is None:
@@ -228,31 +246,45 @@ def parse_config(text: str) -> ArraySpec:
     if "server" in top:
         server = _mapping(top["server"], "server", {"listen", "routing_key_header"})
         if "listen" in server:
-            values["listen"] = _string(server["listen"], "server.listen", _ADDRESS,
-                                       "must be host:port, for example 127.0.0.1:9391.")
+            values["listen"] = _string(
+                server["listen"],
+                "server.listen",
+                _ADDRESS,
+                "must be host:port, for example 127.0.0.1:9391.",
+            )
         if "routing_key_header" in server:
             values["routing_key_header"] = _string(
-                server["routing_key_header"], "server.routing_key_header", _HEADER,
-                "must be an HTTP header name such as X-Session-Id.")
+                server["routing_key_header"],
+                "server.routing_key_header",
+                _HEADER,
+                "must be an HTTP header name such as X-Session-Id.",
+            )
     if "pool" in top:
-        pool = _mapping(top["pool"], "pool",
-                        {"nodes", "health_check_interval_ms", "failover_strategy"})
+        pool = _mapping(
+            top["pool"], "pool", {"nodes", "health_check_interval_ms", "failover_strategy"}
+        )
         if "nodes" in pool:
             values["nodes"] = _nodes(pool["nodes"], "pool.nodes")
         if "health_check_interval_ms" in pool:
             values["health_check_interval_ms"] = _int(
-                pool["health_check_interval_ms"], "pool.health_check_interval_ms", 100)
+                pool["health_check_interval_ms"], "pool.health_check_interval_ms", 100
+            )
         if "failover_strategy" in pool:
             choices = [c.value for c in RoutingPolicy.FailoverStrategy]
             value = _string(pool["failover_strategy"], "pool.failover_strategy")
             if value not in choices:
-                raise ConfigError(f"must be one of {', '.join(choices)}.",
-                                  line=_line(pool["failover_strategy"]),
-                                  field="pool.failover_strategy")
+                raise ConfigError(
+                    f"must be one of {', '.join(choices)}.",
+                    line=_line(pool["failover_strategy"]),
+                    field="pool.failover_strategy",
+                )
             values["failover_strategy"] = value
     if "inference" in top:
-        inf = _mapping(top["inference"], "inference",
-                       {"model_path", "ai_module", "context_window", "max_batch"})
+        inf = _mapping(
+            top["inference"],
+            "inference",
+            {"model_path", "ai_module", "context_window", "max_batch"},
+        )
         if "model_path" in inf:
             values["model_path"] = _string(inf["model_path"], "inference.model_path")
         if "ai_module" in inf:
@@ -289,17 +321,23 @@ def _apply_settings(spec: ArraySpec, report: ApplyReport) -> None:
     policy = RoutingPolicy.load()
     policy_changes = {
         "session_header": spec.routing_key_header,
-        "health_interval_s": None if spec.health_check_interval_ms is None
+        "health_interval_s": None
+        if spec.health_check_interval_ms is None
         else spec.health_check_interval_ms / 1000.0,
         "failover_strategy": spec.failover_strategy,
     }
     changed = [k for k, v in policy_changes.items() if v is not None and getattr(policy, k) != v]
     config = ArrayConfig.load()
-    config_changes = {"listen": spec.listen, "model_path": spec.model_path,
-                      "ai_modules": spec.ai_module, "context_window": spec.context_window,
-                      "max_batch": spec.max_batch}
-    config_changed = [k for k, v in config_changes.items()
-                      if v is not None and getattr(config, k) != v]
+    config_changes = {
+        "listen": spec.listen,
+        "model_path": spec.model_path,
+        "ai_modules": spec.ai_module,
+        "context_window": spec.context_window,
+        "max_batch": spec.max_batch,
+    }
+    config_changed = [
+        k for k, v in config_changes.items() if v is not None and getattr(config, k) != v
+    ]
     report.settings_changed += changed + config_changed
     if report.dry_run:
         return
@@ -319,7 +357,9 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
         "address": spec.address,
         "package_id": package.pk if package else (node.package_id if node else None),
         "weight": spec.weight if spec.weight is not None else (node.weight if node else 1.0),
-        "affinity": spec.affinity if spec.affinity is not None else (node.affinity if node else True),
+        "affinity": spec.affinity
+        if spec.affinity is not None
+        else (node.affinity if node else True),
         "cpu_set": spec.cpu_set if spec.cpu_set is not None else (node.cpu_set if node else ""),
         "threads": spec.threads if spec.threads is not None else (node.threads if node else 1),
     }
@@ -330,8 +370,12 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
     if report.dry_run:
         return
     saved, _ = node_services.node_upsert(
-        node_id=spec.node_id, address=wanted["address"], package_id=wanted["package_id"],
-        cpu_set=wanted["cpu_set"], threads=wanted["threads"], weight=wanted["weight"],
+        node_id=spec.node_id,
+        address=wanted["address"],
+        package_id=wanted["package_id"],
+        cpu_set=wanted["cpu_set"],
+        threads=wanted["threads"],
+        weight=wanted["weight"],
     )
     Node.objects.filter(pk=saved.pk).update(weight=wanted["weight"], affinity=wanted["affinity"])
     live_node_changed(node_id=spec.node_id, event=saved.events.first() if node is None else None)
@@ -374,12 +418,12 @@ class _Dumper(yaml.SafeDumper):
 
 
 _Dumper.add_representer(
-    _Flow, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(),
-                                               flow_style=True)
+    _Flow,
+    lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True),
 )
 _Dumper.add_representer(
-    dict, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(),
-                                              flow_style=False)
+    dict,
+    lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=False),
 )
 
 
@@ -397,8 +441,9 @@ def export_document() -> dict[str, Any]:
     server["routing_key_header"] = str(policy.session_header)
     nodes = []
     for node in Node.objects.select_related("package").order_by("node_id"):
-        entry = _Flow(id=node.node_id, address=node.address, weight=_num(node.weight),
-                      affinity=node.affinity)
+        entry = _Flow(
+            id=node.node_id, address=node.address, weight=_num(node.weight), affinity=node.affinity
+        )
         if node.cpu_set:
             entry["cpu_set"] = node.cpu_set
         if node.threads != 1:
@@ -411,7 +456,8 @@ def export_document() -> dict[str, Any]:
     }
     inference: dict[str, Any] = {}
     model_path = config.model_path or next(
-        (n.package.gguf_path for n in Node.objects.select_related("package") if n.package), "")
+        (n.package.gguf_path for n in Node.objects.select_related("package") if n.package), ""
+    )
     if model_path:
         inference["model_path"] = model_path
     if config.ai_modules:
@@ -428,5 +474,11 @@ def export_document() -> dict[str, Any]:
 
 def export_config() -> str:
     """The inventory and settings as YAML text (apply it to get the same inventory back)."""
-    return yaml.dump(export_document(), Dumper=_Dumper, sort_keys=False, width=100,
-                     default_flow_style=False, allow_unicode=True)
+    return yaml.dump(
+        export_document(),
+        Dumper=_Dumper,
+        sort_keys=False,
+        width=100,
+        default_flow_style=False,
+        allow_unicode=True,
+    )

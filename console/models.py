@@ -39,7 +39,9 @@ class ArrayConfig(models.Model):
         max_length=255, blank=True, default="", help_text="Comma-separated accelerator modules."
     )
     context_window = models.PositiveIntegerField(null=True, blank=True)
-    max_batch = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_batch = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
     applied_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

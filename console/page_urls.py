@@ -11,8 +11,13 @@ app_name = "console"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
-    path("login/", auth_views.LoginView.as_view(template_name="console/login.html",
-                                                redirect_authenticated_user=True), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="console/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(next_page="console:login"), name="logout"),
     path("nodes/", views.nodes, name="nodes"),
     path("nodes/<slug:node_id>/", views.node, name="node"),

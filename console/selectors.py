@@ -58,9 +58,15 @@ def _facts(path: str, mtime: float, size: int) -> GgufFacts:
     except Exception as exc:  # a damaged file still shows what could be read
         return GgufFacts(exists=True, size_bytes=size, error=f"cannot read tensors: {exc}"[:200])
     return GgufFacts(
-        exists=True, size_bytes=size, architecture=info.architecture, parameters=parameters,
-        quantization=info.quantization, context_length=info.context_window,
-        chat_template=info.chat_template, tensors=tensors, name=name,
+        exists=True,
+        size_bytes=size,
+        architecture=info.architecture,
+        parameters=parameters,
+        quantization=info.quantization,
+        context_length=info.context_window,
+        chat_template=info.chat_template,
+        tensors=tensors,
+        name=name,
     )
 
 
@@ -114,10 +120,18 @@ def node_detail(node_id: str) -> dict[str, Any] | None:
     if node is None:
         return None
     config = ArrayConfig.load()
-    devices = [{"kind": "CPU", "name": f"CPUs {node.cpu_set or 'any'}",
-                "detail": f"{node.threads} thread(s)"}]
-    devices += [{"kind": "Accelerator module", "name": m.strip(), "detail": "from config"}
-                for m in config.ai_modules.split(",") if m.strip()]
+    devices = [
+        {
+            "kind": "CPU",
+            "name": f"CPUs {node.cpu_set or 'any'}",
+            "detail": f"{node.threads} thread(s)",
+        }
+    ]
+    devices += [
+        {"kind": "Accelerator module", "name": m.strip(), "detail": "from config"}
+        for m in config.ai_modules.split(",")
+        if m.strip()
+    ]
     return {
         "node": node,
         "events": list(node.events.all()[:50]),
@@ -133,8 +147,9 @@ def routing_table(limit: int = 200) -> list[SessionRoute]:
 
 def session_detail(session_id: str) -> dict[str, Any] | None:
     """A session's route and decision log, or None when unknown."""
-    route = SessionRoute.objects.select_related("node", "package").filter(
-        session_id=session_id).first()
+    route = (
+        SessionRoute.objects.select_related("node", "package").filter(session_id=session_id).first()
+    )
     if route is None:
         return None
     decisions = list(RouteDecision.objects.filter(route=route))

@@ -79,12 +79,23 @@ def node_create(
     """
     if Node.objects.filter(node_id=node_id).exists():
         raise Conflict(f"Node {node_id!r} exists already.", code="node_exists", field="node_id")
-    draft = Node(node_id=node_id, address=address, package_id=package_id, weight=weight,
-                 affinity=affinity, cpu_set=cpu_set, threads=threads)
+    draft = Node(
+        node_id=node_id,
+        address=address,
+        package_id=package_id,
+        weight=weight,
+        affinity=affinity,
+        cpu_set=cpu_set,
+        threads=threads,
+    )
     _check_node(draft)
     node, _ = node_services.node_upsert(
-        node_id=node_id, address=address, package_id=package_id, cpu_set=cpu_set,
-        threads=threads, weight=weight,
+        node_id=node_id,
+        address=address,
+        package_id=package_id,
+        cpu_set=cpu_set,
+        threads=threads,
+        weight=weight,
     )
     if node.affinity != affinity:
         node.affinity = affinity
@@ -107,8 +118,12 @@ def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
         setattr(draft, key, value)
     _check_node(draft)
     node_services.node_upsert(
-        node_id=node_id, address=draft.address, package_id=draft.package_id,
-        cpu_set=draft.cpu_set, threads=draft.threads, weight=draft.weight,
+        node_id=node_id,
+        address=draft.address,
+        package_id=draft.package_id,
+        cpu_set=draft.cpu_set,
+        threads=draft.threads,
+        weight=draft.weight,
     )
     Node.objects.filter(node_id=node_id).update(weight=draft.weight, affinity=draft.affinity)
     live_node_changed(node_id=node_id)
@@ -194,9 +209,14 @@ def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[M
     info = read_gguf_info(path)
     try:
         return inference_services.package_register(
-            name=name, version=version, gguf_path=str(path), sha256=file_sha256(path),
-            quantization=info.quantization, architecture=info.architecture,
-            context_window=info.context_window, chat_template=info.chat_template,
+            name=name,
+            version=version,
+            gguf_path=str(path),
+            sha256=file_sha256(path),
+            quantization=info.quantization,
+            architecture=info.architecture,
+            context_window=info.context_window,
+            chat_template=info.chat_template,
         )
     except inference_services.PackageConflict as exc:
         raise Conflict(str(exc), code="package_conflict", field="version") from exc
@@ -210,8 +230,9 @@ def package_remove(*, package_id: int) -> None:
     try:
         package.delete()
     except ProtectedError as exc:
-        raise Conflict(f"{package.key} is served by nodes; move them first.",
-                       code="package_in_use") from exc
+        raise Conflict(
+            f"{package.key} is served by nodes; move them first.", code="package_in_use"
+        ) from exc
 
 
 # --- routing policy -------------------------------------------------------------------------

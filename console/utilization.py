@@ -188,7 +188,11 @@ async def take_snapshot(seq: int, after_event: int | None) -> tuple[dict[str, An
     for node, sample, (cpu, rss) in zip(nodes, metrics, usages, strict=True):
         node.pop("address")
         out[node["node_id"]] = {
-            **node, "ok": sample is not None, "cpu": cpu, "rss": rss, **(sample or {})
+            **node,
+            "ok": sample is not None,
+            "cpu": cpu,
+            "rss": rss,
+            **(sample or {}),
         }
     return {"seq": seq, "t": time.time(), "host": host, "nodes": out, "events": events}, last
 

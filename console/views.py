@@ -37,18 +37,27 @@ NAV = [
 ]
 
 
-def _render(request: HttpRequest, template: str, context: dict[str, Any],
-            status: int = 200) -> HttpResponse:
+def _render(
+    request: HttpRequest, template: str, context: dict[str, Any], status: int = 200
+) -> HttpResponse:
     principal = access.page_principal(request)
-    return render(request, template, {
-        **context,
-        "principal": principal,
-        "can_operate": principal.can(Role.OPERATOR),
-        "can_admin": principal.can(Role.ADMIN),
-        "nav": [(name, label) for name, label in NAV if name != "tokens"
-                or principal.can(Role.ADMIN)],
-        "state_colours": {k: v for k, v in Node.STATE_COLOURS.items()},
-    }, status=status)
+    return render(
+        request,
+        template,
+        {
+            **context,
+            "principal": principal,
+            "can_operate": principal.can(Role.OPERATOR),
+            "can_admin": principal.can(Role.ADMIN),
+            "nav": [
+                (name, label)
+                for name, label in NAV
+                if name != "tokens" or principal.can(Role.ADMIN)
+            ],
+            "state_colours": {k: v for k, v in Node.STATE_COLOURS.items()},
+        },
+        status=status,
+    )
 
 
 def _flash_error(request: HttpRequest, exc: ConsoleError) -> None:
@@ -68,10 +77,10 @@ def health(request: HttpRequest) -> JsonResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """``GET /metrics``: Prometheus text; Bearer token or a logged-in user with a role."""
     principal = access.principal_for_user(request.user) or access.principal_for_token(
-        _bearer(request))
+        _bearer(request)
+    )
     if principal is None or principal.role is None:
-        response = HttpResponse("authentication required\n", status=401,
-                                content_type="text/plain")
+        response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = "Bearer"
         return response
     return HttpResponse(prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
@@ -113,11 +122,20 @@ def nodes(request: HttpRequest) -> HttpResponse:
             except ConsoleError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
             else:
-                messages.success(request, f"Registered {node.node_id}; waiting for its first probe.")
+                messages.success(
+                    request, f"Registered {node.node_id}; waiting for its first probe."
+                )
                 return redirect("console:node", node_id=node.node_id)
-    return _render(request, "console/nodes.html", {
-        "page": "nodes", "nodes": selectors.nodes_with_sessions(), "form": form,
-    }, status=400 if form.errors else 200)
+    return _render(
+        request,
+        "console/nodes.html",
+        {
+            "page": "nodes",
+            "nodes": selectors.nodes_with_sessions(),
+            "form": form,
+        },
+        status=400 if form.errors else 200,
+    )
 
 
 @role_required(Role.VIEWER)
@@ -144,8 +162,9 @@ def node_edit(request: HttpRequest, node_id: str) -> HttpResponse:
         else:
             messages.success(request, f"Saved {node_id}.")
             return redirect("console:node", node_id=node_id)
-    return _render(request, "console/node_edit.html", {"page": "nodes", "form": form,
-                                                        "node": instance})
+    return _render(
+        request, "console/node_edit.html", {"page": "nodes", "form": form, "node": instance}
+    )
 
 
 @require_POST
@@ -197,12 +216,20 @@ def packages(request: HttpRequest) -> HttpResponse:
             except ConsoleError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
             else:
-                messages.success(request, f"{'Registered' if created else 'Already had'} "
-                                          f"{package.key}.")
+                messages.success(
+                    request, f"{'Registered' if created else 'Already had'} {package.key}."
+                )
                 return redirect("console:package", package_id=package.pk)
-    return _render(request, "console/packages.html", {
-        "page": "packages", "packages": selectors.packages_with_use(), "form": form,
-    }, status=400 if form.errors else 200)
+    return _render(
+        request,
+        "console/packages.html",
+        {
+            "page": "packages",
+            "packages": selectors.packages_with_use(),
+            "form": form,
+        },
+        status=400 if form.errors else 200,
+    )
 
 
 @role_required(Role.VIEWER)
@@ -210,10 +237,16 @@ def package(request: HttpRequest, package_id: int) -> HttpResponse:
     found = ModelPackage.objects.filter(pk=package_id).first()
     if found is None:
         raise Http404("No such package")
-    return _render(request, "console/package.html", {
-        "page": "packages", "package": found, "facts": selectors.gguf_facts(found.gguf_path),
-        "nodes": found.nodes.all(),
-    })
+    return _render(
+        request,
+        "console/package.html",
+        {
+            "page": "packages",
+            "package": found,
+            "facts": selectors.gguf_facts(found.gguf_path),
+            "nodes": found.nodes.all(),
+        },
+    )
 
 
 # --- routing ------------------------------------------------------------------------------
@@ -229,9 +262,16 @@ def routing(request: HttpRequest) -> HttpResponse:
             services.policy_update(changes=form.cleaned_data)
             messages.success(request, "Policy saved; it applies to the next request and tick.")
             return redirect("console:routing")
-    return _render(request, "console/routing.html", {
-        "page": "routing", "form": form, "routes": selectors.routing_table(),
-    }, status=400 if form.errors else 200)
+    return _render(
+        request,
+        "console/routing.html",
+        {
+            "page": "routing",
+            "form": form,
+            "routes": selectors.routing_table(),
+        },
+        status=400 if form.errors else 200,
+    )
 
 
 @role_required(Role.VIEWER)
@@ -253,16 +293,24 @@ def session(request: HttpRequest, session_id: str) -> HttpResponse:
 
 @role_required(Role.VIEWER)
 def utilization(request: HttpRequest) -> HttpResponse:
-    return _render(request, "console/utilization.html", {"page": "utilization",
-                                                         "nodes": selectors.nodes_with_sessions()})
+    return _render(
+        request,
+        "console/utilization.html",
+        {"page": "utilization", "nodes": selectors.nodes_with_sessions()},
+    )
 
 
 @role_required(Role.VIEWER)
 def playground(request: HttpRequest) -> HttpResponse:
-    return _render(request, "console/playground.html", {
-        "page": "playground", "packages": selectors.packages_with_use(),
-        "session_id": f"playground-{uuid.uuid4().hex[:12]}",
-    })
+    return _render(
+        request,
+        "console/playground.html",
+        {
+            "page": "playground",
+            "packages": selectors.packages_with_use(),
+            "session_id": f"playground-{uuid.uuid4().hex[:12]}",
+        },
+    )
 
 
 # --- tokens, config -----------------------------------------------------------------------
@@ -276,15 +324,24 @@ def tokens(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             _, plaintext = services.token_issue(
-                name=form.cleaned_data["name"], role=Role(form.cleaned_data["role"]),
-                created_by_id=request.user.pk)
+                name=form.cleaned_data["name"],
+                role=Role(form.cleaned_data["role"]),
+                created_by_id=request.user.pk,
+            )
         except ConsoleError as exc:
             form.add_error("name", exc.message)
         else:
             form = TokenForm()
-    return _render(request, "console/tokens.html", {
-        "page": "tokens", "tokens": selectors.tokens(), "form": form, "plaintext": plaintext,
-    })
+    return _render(
+        request,
+        "console/tokens.html",
+        {
+            "page": "tokens",
+            "tokens": selectors.tokens(),
+            "form": form,
+            "plaintext": plaintext,
+        },
+    )
 
 
 @require_POST
@@ -308,15 +365,25 @@ def config(request: HttpRequest) -> HttpResponse:
         access.require(request.principal, Role.ADMIN)  # type: ignore[attr-defined]
         if form.is_valid():
             try:
-                report = apply_config_text(form.cleaned_data["text"],
-                                           prune=form.cleaned_data["prune"],
-                                           dry_run=form.cleaned_data["dry_run"])
+                report = apply_config_text(
+                    form.cleaned_data["text"],
+                    prune=form.cleaned_data["prune"],
+                    dry_run=form.cleaned_data["dry_run"],
+                )
             except (ConfigError, ConsoleError) as exc:
                 error = exc
-    return _render(request, "console/config.html", {
-        "page": "config", "form": form, "report": report, "error": error,
-        "current": export_config(),
-    }, status=422 if error else 200)
+    return _render(
+        request,
+        "console/config.html",
+        {
+            "page": "config",
+            "form": form,
+            "report": report,
+            "error": error,
+            "current": export_config(),
+        },
+        status=422 if error else 200,
+    )
 
 
 @role_required(Role.VIEWER)

@@ -59,9 +59,9 @@
     Phalanx.live.on("snapshot", snap => { add(snap); schedule(); });
   }
   function layout(title) {
-    return {title: {text: title, font: {size: 13}}, height: 230, margin: {l: 45, r: 10, t: 30, b: 30},
+    return {title: {text: title, font: {size: 13}}, height: 250, margin: {l: 45, r: 10, t: 30, b: 55},
             xaxis: {type: "date"}, yaxis: {rangemode: "tozero"}, showlegend: true,
-            legend: {orientation: "h", y: -0.2, font: {size: 10}}, uirevision: title};
+            legend: {orientation: "h", y: -0.32, font: {size: 10}}, uirevision: title};
   }
   window.PhalanxCharts = {mount};
 })();

@@ -23,15 +23,20 @@ def fast_passwords(settings) -> None:
 @pytest.fixture
 def package(db) -> ModelPackage:
     return ModelPackage.objects.create(
-        name="smollm2-test", version="1", gguf_path="/nonexistent/x.gguf", sha256="0" * 64,
-        quantization="Q4_1", context_window=2048,
+        name="smollm2-test",
+        version="1",
+        gguf_path="/nonexistent/x.gguf",
+        sha256="0" * 64,
+        quantization="Q4_1",
+        context_window=2048,
     )
 
 
 @pytest.fixture
 def node(db, package) -> Node:
-    return Node.objects.create(node_id="node-01", address="127.0.0.1:9401", package=package,
-                               state=Node.State.UP)
+    return Node.objects.create(
+        node_id="node-01", address="127.0.0.1:9401", package=package, state=Node.State.UP
+    )
 
 
 @pytest.fixture

@@ -18,8 +18,10 @@ NEW_NODE = {"node_id": "node-09", "address": "127.0.0.9:9409", "weight": 2, "aff
 # --- authentication -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/nodes", "/packages", "/tokens", "/config", "/me",
-                                  "/utilization", "/nodes/node-01/events"])
+@pytest.mark.parametrize(
+    "path",
+    ["/nodes", "/packages", "/tokens", "/config", "/me", "/utilization", "/nodes/node-01/events"],
+)
 def test_it_refuses_calls_without_credentials(api, node, path):
     response = api(None, "get", path)
     assert response.status_code == 401
@@ -55,7 +57,7 @@ def test_it_checks_csrf_for_a_logged_in_user(users, node):
     client = Client(enforce_csrf_checks=True)
     client.force_login(users["admin"])
     assert client.post("/api/nodes/node-01/drain").status_code == 403
-    Node.objects.get(node_id="node-01").state == Node.State.UP
+    assert Node.objects.get(node_id="node-01").state == Node.State.UP
 
 
 # --- nodes ----------------------------------------------------------------------------------
@@ -170,8 +172,12 @@ def test_it_lists_and_shows_packages(api, node, package):
 
 
 def test_it_registers_a_gguf_file(api, tmp_path):
-    missing = api("admin", "post", "/packages",
-                  {"name": "m", "version": "1", "gguf_path": str(tmp_path / "x.gguf")})
+    missing = api(
+        "admin",
+        "post",
+        "/packages",
+        {"name": "m", "version": "1", "gguf_path": str(tmp_path / "x.gguf")},
+    )
     assert missing.status_code == 422 and missing.json()["field"] == "gguf_path"
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"not really gguf")
@@ -206,7 +212,8 @@ def test_it_creates_a_token_shown_once_with_its_role(api):
     listed = api("admin", "get", "/tokens").json()
     assert all("token" not in t for t in listed)
     assert {"name": "ci", "role": "viewer"}.items() <= next(
-        t for t in listed if t["name"] == "ci").items()
+        t for t in listed if t["name"] == "ci"
+    ).items()
     as_new = Client().get("/api/me", headers={"Authorization": f"Bearer {body['token']}"})
     assert as_new.json()["role"] == "viewer"
 
@@ -220,8 +227,15 @@ def test_it_revokes_a_token(api):
     assert api("admin", "delete", "/tokens/999").status_code == 404
 
 
-@pytest.mark.parametrize("body", [{"name": "", "role": "viewer"}, {"name": "x", "role": "root"},
-                                  {"role": "viewer"}, {"name": "x" * 101}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "", "role": "viewer"},
+        {"name": "x", "role": "root"},
+        {"role": "viewer"},
+        {"name": "x" * 101},
+    ],
+)
 def test_it_refuses_a_bad_token_request(api, body):
     assert api("admin", "post", "/tokens", body).status_code == 422
 
@@ -271,9 +285,14 @@ def test_it_names_line_and_field_of_a_config_error(api):
     assert "line 4, pool.nodes[0].address" in response.json()["detail"]
 
 
-@pytest.mark.parametrize("kwargs", [{"json": {"nope": 1}},
-                                    {"data": "{", "content_type": "application/json"},
-                                    {"data": "x", "content_type": "image/png"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"json": {"nope": 1}},
+        {"data": "{", "content_type": "application/json"},
+        {"data": "x", "content_type": "image/png"},
+    ],
+)
 def test_it_refuses_a_malformed_config_body(api, kwargs):
     assert api("admin", "post", "/config", **kwargs).status_code == 422
 

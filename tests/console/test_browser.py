@@ -21,8 +21,15 @@ import pytest
 from tests.support.processes import REPO, Proc, free_port, spawn, start_node, wait_healthy
 
 CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SHOTS = REPO / "artifacts" / "screenshots"
 PASSWORD = "browser-test-pw"
 NODE_ID = "node-b1"
@@ -32,8 +39,10 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.model,
-    pytest.mark.skipif(not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
-                       reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
+    ),
 ]
 
 SETUP = f"""
@@ -65,8 +74,7 @@ class Array:
 
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
-        return httpx.request(method, f"{self.url}/api{path}", headers=headers, timeout=10,
-                             **kwargs)
+        return httpx.request(method, f"{self.url}/api{path}", headers=headers, timeout=10, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +86,34 @@ def array(tmp_path_factory) -> Iterator[Array]:
     env.pop("DATABASE_URL", None)
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
-    token = subprocess.run([*manage, "shell", "-c", SETUP], cwd=REPO, env=env, check=True,
-                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    token = (
+        subprocess.run(
+            [*manage, "shell", "-c", SETUP],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     port = free_port()
     extra = {"PHALANX_HOME": str(home)}
-    daphne = spawn([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                    "console.asgi:application"], home / "daphne.log", env=extra)
+    daphne = spawn(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "console.asgi:application",
+        ],
+        home / "daphne.log",
+        env=extra,
+    )
     loop = spawn([*manage, "controlloop"], home / "controlloop.log", env=extra)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -183,8 +213,9 @@ def test_it_adds_a_node_and_watches_it_become_healthy(page_as, array, agent):
     playwright_sync.expect(page.locator("#events")).to_contain_text("Registered")
     shot(page, "node")
     page.goto(f"{array.url}/nodes/")
-    playwright_sync.expect(page.locator(f'tr[data-node="{NODE_ID}"] [data-field=state]')
-                           ).to_have_text("up")
+    playwright_sync.expect(
+        page.locator(f'tr[data-node="{NODE_ID}"] [data-field=state]')
+    ).to_have_text("up")
     shot(page, "nodes")
 
 
@@ -204,10 +235,12 @@ def test_it_chats_in_the_playground_and_shows_node_and_timings(page_as, array, h
 def test_it_drains_a_node_from_its_page(page_as, array, healthy_node):
     page = page_as("operator")
     page.goto(f"{array.url}/nodes/{healthy_node}/")
+    playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_hidden()
     page.click("button[data-action=drain]")
     state = page.locator(".title-row [data-field=state]")
     playwright_sync.expect(state).to_have_text("draining")
     playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_visible()
+    playwright_sync.expect(page.locator("button[data-action=drain]")).to_be_hidden()
     playwright_sync.expect(page.locator("#events")).to_contain_text("Drained")
     assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "draining"
     shot(page, "node-draining")
@@ -241,7 +274,8 @@ def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
     api_status = page.evaluate(
         """async (url) => {
             const csrf = document.querySelector('[name=csrfmiddlewaretoken]').value;
-            return (await fetch(url, {method: 'POST', headers: {'X-CSRFToken': csrf}})).status; }""",
+            const r = await fetch(url, {method: 'POST', headers: {'X-CSRFToken': csrf}});
+            return r.status; }""",
         f"/api/nodes/{healthy_node}/drain",
     )
     assert api_status == 403
@@ -252,9 +286,15 @@ def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
 def test_it_screenshots_every_page(page_as, array, healthy_node):
     page = page_as("admin")
     package_id = array.api("GET", "/packages").json()[0]["id"]
-    pages = {"overview": "/", "packages": "/packages/", "package": f"/packages/{package_id}/",
-             "routing": "/routing/", "tokens": "/tokens/", "config": "/config/",
-             "api-docs": "/api/docs"}
+    pages = {
+        "overview": "/",
+        "packages": "/packages/",
+        "package": f"/packages/{package_id}/",
+        "routing": "/routing/",
+        "tokens": "/tokens/",
+        "config": "/config/",
+        "api-docs": "/api/docs",
+    }
     for name, path in pages.items():
         response = page.goto(f"{array.url}{path}")
         assert response is not None and response.status == 200, path
@@ -265,5 +305,6 @@ def test_it_screenshots_every_page(page_as, array, healthy_node):
         page.wait_for_selector("#decisions")
         shot(page, "session")
     page.goto(f"{array.url}/")
-    playwright_sync.expect(page.locator(f'tr[data-node="{healthy_node}"] [data-field=state]')
-                           ).to_have_text("up")
+    playwright_sync.expect(
+        page.locator(f'tr[data-node="{healthy_node}"] [data-field=state]')
+    ).to_have_text("up")

@@ -41,7 +41,11 @@ def test_it_applies_the_example_of_the_issue():
     assert (policy.session_header, policy.health_interval_s) == ("X-Session-Id", 5.0)
     config = ArrayConfig.load()
     assert (config.listen, config.ai_modules, config.context_window, config.max_batch) == (
-        "127.0.0.1:9391", "device0,device1", 4096, 32)
+        "127.0.0.1:9391",
+        "device0,device1",
+        4096,
+        32,
+    )
 
 
 def test_it_is_idempotent():
@@ -75,8 +79,9 @@ def test_it_updates_and_prunes():
 def test_it_uses_a_package_with_the_model_path(db):
     from inference.models import ModelPackage
 
-    package = ModelPackage.objects.create(name="agent", version="1", sha256="1" * 64,
-                                          gguf_path="/opt/models/agent-q4_k_m.gguf")
+    package = ModelPackage.objects.create(
+        name="agent", version="1", sha256="1" * 64, gguf_path="/opt/models/agent-q4_k_m.gguf"
+    )
     report = apply_config_text(ISSUE_EXAMPLE)
     assert not report.warnings
     assert set(Node.objects.values_list("package_id", flat=True)) == {package.pk}
@@ -85,18 +90,27 @@ def test_it_uses_a_package_with_the_model_path(db):
 @pytest.mark.parametrize(
     ("text", "line", "field"),
     [
-        ("server: {listen: 127.0.0.1:9391, routing_key_headr: X}\n", 1,
-         "server.routing_key_headr"),
+        ("server: {listen: 127.0.0.1:9391, routing_key_headr: X}\n", 1, "server.routing_key_headr"),
         ("pool:\n  nodes:\n    - {id: a, address: nowhere}\n", 3, "pool.nodes[0].address"),
         ("pool:\n  nodes:\n    - {id: a}\n", 3, "pool.nodes[0].address"),
-        ("pool:\n  nodes:\n    - {id: a, address: 127.0.0.1:1}\n    - {id: a, address: "
-         "127.0.0.1:2}\n", 4, "pool.nodes[1].id"),
+        (
+            "pool:\n  nodes:\n    - {id: a, address: 127.0.0.1:1}\n    - {id: a, address: "
+            "127.0.0.1:2}\n",
+            4,
+            "pool.nodes[1].id",
+        ),
         ("pool:\n  health_check_interval_ms: fast\n", 2, "pool.health_check_interval_ms"),
         ("pool:\n  failover_strategy: random\n", 2, "pool.failover_strategy"),
-        ("pool:\n  nodes:\n    - {id: a, address: 127.0.0.1:1, weight: -1}\n", 3,
-         "pool.nodes[0].weight"),
-        ("pool:\n  nodes:\n    - {id: a, address: 127.0.0.1:1, affinity: maybe}\n", 3,
-         "pool.nodes[0].affinity"),
+        (
+            "pool:\n  nodes:\n    - {id: a, address: 127.0.0.1:1, weight: -1}\n",
+            3,
+            "pool.nodes[0].weight",
+        ),
+        (
+            "pool:\n  nodes:\n    - {id: a, address: 127.0.0.1:1, affinity: maybe}\n",
+            3,
+            "pool.nodes[0].affinity",
+        ),
         ("inference:\n  max_batch: 0\n", 2, "inference.max_batch"),
         ("inference: [1, 2]\n", 1, "inference"),
         ("\n\nsurprise: 1\n", 3, "surprise"),

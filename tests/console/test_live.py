@@ -73,16 +73,18 @@ async def test_it_refuses_a_socket_without_credentials(transactional_db):
 
 
 async def test_it_refuses_a_foreign_origin(token):
-    communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}",
-                                         headers=[(b"origin", b"http://evil.example")])
+    communicator = WebsocketCommunicator(
+        application, f"/ws/live/?token={token}", headers=[(b"origin", b"http://evil.example")]
+    )
     connected, _ = await communicator.connect()
     assert not connected
     await communicator.disconnect()
 
 
 async def test_it_sends_history_then_snapshots(fake, token):
-    communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}",
-                                         headers=[(b"origin", b"http://127.0.0.1:8000")])
+    communicator = WebsocketCommunicator(
+        application, f"/ws/live/?token={token}", headers=[(b"origin", b"http://127.0.0.1:8000")]
+    )
     assert (await communicator.connect())[0]
     history = await _next(communicator, "history")
     assert history["snapshots"] == []
@@ -121,8 +123,12 @@ async def test_it_relays_events_from_another_process_through_redis(fake, token):
 
     url = os.environ.get("PHALANX_TEST_REDIS", "redis://127.0.0.1:6379/0")
     prefix = f"phx-test-{uuid.uuid4().hex[:8]}"
-    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                          "CONFIG": {"hosts": [url], "prefix": prefix}}}
+    layers = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url], "prefix": prefix},
+        }
+    }
     with override_settings(CHANNEL_LAYERS=layers):
         communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}")
         assert (await communicator.connect())[0]

@@ -10,8 +10,18 @@ from nodes.models import Node
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/nodes/", "/nodes/node-01/", "/packages/", "/routing/", "/routing/table/",
-         "/utilization/", "/playground/", "/config/", "/config/phalanx.yaml"]
+PAGES = [
+    "/",
+    "/nodes/",
+    "/nodes/node-01/",
+    "/packages/",
+    "/routing/",
+    "/routing/table/",
+    "/utilization/",
+    "/playground/",
+    "/config/",
+    "/config/phalanx.yaml",
+]
 
 
 def test_it_answers_health_without_credentials():
@@ -44,8 +54,12 @@ def test_it_shows_nothing_to_a_user_without_a_role(login, node):
 
 def test_it_shows_a_session_and_its_decisions(login, node):
     route = SessionRoute.objects.create(session_id="s-1", node=node, turns=2)
-    RouteDecision.objects.create(route=route, action="placed", node_id="node-01",
-                                 reason="placed on node-01: lowest load 0 of 1 candidates")
+    RouteDecision.objects.create(
+        route=route,
+        action="placed",
+        node_id="node-01",
+        reason="placed on node-01: lowest load 0 of 1 candidates",
+    )
     page = login("viewer").get("/sessions/s-1/").content.decode()
     assert "lowest load 0 of 1 candidates" in page
     assert login("viewer").get("/sessions/nope/").status_code == 404
@@ -69,15 +83,26 @@ def test_it_drains_and_undrains_from_the_node_page(login, node):
 
 def test_it_adds_edits_and_removes_a_node_as_admin(login, package):
     client = login("admin")
-    response = client.post("/nodes/", {"add-node_id": "node-07", "add-address": "127.0.0.7:9407",
-                                       "add-package": package.pk, "add-weight": "1",
-                                       "add-threads": "1", "add-affinity": "on"})
+    response = client.post(
+        "/nodes/",
+        {
+            "add-node_id": "node-07",
+            "add-address": "127.0.0.7:9407",
+            "add-package": package.pk,
+            "add-weight": "1",
+            "add-threads": "1",
+            "add-affinity": "on",
+        },
+    )
     assert response.status_code == 302 and response.url == "/nodes/node-07/"
-    bad = client.post("/nodes/", {"add-node_id": "node-08", "add-address": "nowhere",
-                                  "add-weight": "1", "add-threads": "1"})
+    bad = client.post(
+        "/nodes/",
+        {"add-node_id": "node-08", "add-address": "nowhere", "add-weight": "1", "add-threads": "1"},
+    )
     assert bad.status_code == 400 and "host:port" in bad.content.decode()
-    client.post("/nodes/node-07/edit/", {"address": "127.0.0.7:9408", "weight": "3",
-                                         "threads": "1"})
+    client.post(
+        "/nodes/node-07/edit/", {"address": "127.0.0.7:9408", "weight": "3", "threads": "1"}
+    )
     assert Node.objects.get(node_id="node-07").weight == 3
     client.post("/nodes/node-07/remove/")
     assert not Node.objects.filter(node_id="node-07").exists()
@@ -85,17 +110,24 @@ def test_it_adds_edits_and_removes_a_node_as_admin(login, package):
 
 def test_it_refuses_node_changes_below_admin(login, node):
     client = login("operator")
-    assert client.post("/nodes/", {"add-node_id": "n", "add-address": "1.1.1.1:1"}).status_code \
-        == 403
+    assert (
+        client.post("/nodes/", {"add-node_id": "n", "add-address": "1.1.1.1:1"}).status_code == 403
+    )
     assert client.get("/nodes/node-01/edit/").status_code == 403
     assert client.post("/nodes/node-01/remove/").status_code == 403
 
 
 def test_it_edits_the_policy_as_operator_only(login):
-    form = {"session_header": "X-Agent-Session", "health_interval_s": "2",
-            "failure_threshold": "3", "failover_strategy": "stick_and_redirect",
-            "probe_timeout_s": "2", "connect_timeout_s": "2", "request_timeout_s": "120",
-            "max_attempts": "3"}
+    form = {
+        "session_header": "X-Agent-Session",
+        "health_interval_s": "2",
+        "failure_threshold": "3",
+        "failover_strategy": "stick_and_redirect",
+        "probe_timeout_s": "2",
+        "connect_timeout_s": "2",
+        "request_timeout_s": "120",
+        "max_attempts": "3",
+    }
     assert login("viewer").post("/routing/", form).status_code == 403
     assert login("operator").post("/routing/", form).status_code == 302
     assert RoutingPolicy.load().session_header == "X-Agent-Session"

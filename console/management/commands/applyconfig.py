@@ -33,7 +33,9 @@ class Command(BaseCommand):
         for label in ("created", "updated", "unchanged", "removed"):
             ids = getattr(report, label)
             if ids:
-                self.stdout.write(f"{prefix if label != 'unchanged' else ''}{label}: {', '.join(ids)}")
+                self.stdout.write(
+                    f"{prefix if label != 'unchanged' else ''}{label}: {', '.join(ids)}"
+                )
         if report.settings_changed:
             self.stdout.write(f"{prefix}changed settings: {', '.join(report.settings_changed)}")
         for warning in report.warnings:
