@@ -86,10 +86,16 @@ def _package(pk: int) -> ModelPackage:
 
 def _package_out(package: ModelPackage) -> dict:
     return {
-        "id": package.pk, "key": package.key, "name": package.name, "version": package.version,
-        "gguf_path": package.gguf_path, "sha256": package.sha256,
-        "quantization": package.quantization, "architecture": package.architecture,
-        "context_window": package.context_window, "created_at": package.created_at,
+        "id": package.pk,
+        "key": package.key,
+        "name": package.name,
+        "version": package.version,
+        "gguf_path": package.gguf_path,
+        "sha256": package.sha256,
+        "quantization": package.quantization,
+        "architecture": package.architecture,
+        "context_window": package.context_window,
+        "created_at": package.created_at,
         "nodes": package.nodes.count(),
     }
 
@@ -100,27 +106,43 @@ def packages_list(request: HttpRequest) -> list[dict]:
     return [_package_out(p) for p in ModelPackage.objects.all()]
 
 
-@router.get("/packages/{package_id}", response=PackageDetailOut, tags=["packages"],
-            summary="Show a package and what its GGUF file says")
+@router.get(
+    "/packages/{package_id}",
+    response=PackageDetailOut,
+    tags=["packages"],
+    summary="Show a package and what its GGUF file says",
+)
 def packages_show(request: HttpRequest, package_id: int) -> dict:
     api_require(request, Role.VIEWER)
     package = _package(package_id)
     facts = selectors.gguf_facts(package.gguf_path)
-    return {**_package_out(package), "chat_template": package.chat_template,
-            "gguf": {**facts.__dict__}}
+    return {
+        **_package_out(package),
+        "chat_template": package.chat_template,
+        "gguf": {**facts.__dict__},
+    }
 
 
-@router.post("/packages", response={200: PackageOut, 201: PackageOut}, tags=["packages"],
-             summary="Register a GGUF file as a package version (idempotent)")
+@router.post(
+    "/packages",
+    response={200: PackageOut, 201: PackageOut},
+    tags=["packages"],
+    summary="Register a GGUF file as a package version (idempotent)",
+)
 def packages_create(request: HttpRequest, payload: PackageIn) -> tuple[int, dict]:
     api_require(request, Role.ADMIN)
     package, created = services.package_register_file(
-        name=payload.name, version=payload.version, gguf_path=payload.gguf_path)
+        name=payload.name, version=payload.version, gguf_path=payload.gguf_path
+    )
     return (201 if created else 200), _package_out(package)
 
 
-@router.delete("/packages/{package_id}", response={204: None}, tags=["packages"],
-               summary="Remove a package no node serves")
+@router.delete(
+    "/packages/{package_id}",
+    response={204: None},
+    tags=["packages"],
+    summary="Remove a package no node serves",
+)
 def packages_delete(request: HttpRequest, package_id: int) -> tuple[int, None]:
     api_require(request, Role.ADMIN)
     services.package_remove(package_id=package_id)
@@ -129,9 +151,13 @@ def packages_delete(request: HttpRequest, package_id: int) -> tuple[int, None]:
 
 def _token_out(token: ApiToken) -> dict:
     return {
-        "id": token.pk, "name": token.name, "prefix": token.prefix,
-        "role": services.token_role(token).value, "revoked": token.revoked,
-        "created_at": token.created_at, "last_used_at": token.last_used_at,
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "role": services.token_role(token).value,
+        "revoked": token.revoked,
+        "created_at": token.created_at,
+        "last_used_at": token.last_used_at,
         "created_by": token.created_by.get_username() if token.created_by else None,
     }
 
@@ -142,17 +168,23 @@ def tokens_list(request: HttpRequest) -> list[dict]:
     return [_token_out(t) for t in selectors.tokens()]
 
 
-@router.post("/tokens", response={201: TokenCreatedOut}, tags=["tokens"],
-             summary="Create an API token (the plaintext is in this answer only)")
+@router.post(
+    "/tokens",
+    response={201: TokenCreatedOut},
+    tags=["tokens"],
+    summary="Create an API token (the plaintext is in this answer only)",
+)
 def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
     principal = api_require(request, Role.ADMIN)
     token, plaintext = services.token_issue(
-        name=payload.name, role=payload.role, created_by_id=principal.user_id)
+        name=payload.name, role=payload.role, created_by_id=principal.user_id
+    )
     return 201, {**_token_out(token), "token": plaintext}
 
 
-@router.delete("/tokens/{token_id}", response=TokenOut, tags=["tokens"],
-               summary="Revoke an API token")
+@router.delete(
+    "/tokens/{token_id}", response=TokenOut, tags=["tokens"], summary="Revoke an API token"
+)
 def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
     api_require(request, Role.ADMIN)
     if token_id < 1:
