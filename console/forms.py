@@ -6,7 +6,6 @@ from __future__ import annotations
 from django import forms
 
 from console.models import Role
-from console.services import POLICY_FIELDS
 from inference.models import ModelPackage, RoutingPolicy
 from nodes.models import Node
 
@@ -44,7 +43,7 @@ class PolicyForm(forms.ModelForm):
 
     class Meta:
         model = RoutingPolicy
-        fields = list(POLICY_FIELDS)
+        exclude = ["updated_at"]
 
 
 class TokenForm(forms.Form):

@@ -30,6 +30,9 @@ urlpatterns = [
     path("routing/", views.routing, name="routing"),
     path("routing/table/", views.routing_table, name="routing_table"),
     re_path(r"^sessions/(?P<session_id>[^/]+)/$", views.session, name="session"),
+    re_path(
+        r"^sessions/(?P<session_id>[^/]+)/release/$", views.session_release, name="session_release"
+    ),
     path("utilization/", views.utilization, name="utilization"),
     path("playground/", views.playground, name="playground"),
     path("tokens/", views.tokens, name="tokens"),

@@ -20,21 +20,11 @@ from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services
 from inference.gguf_meta import read_gguf_info
-from inference.models import ApiToken, ModelPackage, RoutingPolicy
+from inference.models import ApiToken, ModelPackage
 from nodes import services as node_services
 from nodes.models import Node, NodeEvent
 
 NODE_FIELDS = ("address", "package_id", "weight", "affinity", "cpu_set", "threads")
-POLICY_FIELDS = (
-    "session_header",
-    "health_interval_s",
-    "failure_threshold",
-    "failover_strategy",
-    "probe_timeout_s",
-    "connect_timeout_s",
-    "request_timeout_s",
-    "max_attempts",
-)
 
 
 def invalid_from(exc: ValidationError) -> Invalid:
@@ -233,22 +223,3 @@ def package_remove(*, package_id: int) -> None:
         raise Conflict(
             f"{package.key} is served by nodes; move them first.", code="package_in_use"
         ) from exc
-
-
-# --- routing policy -------------------------------------------------------------------------
-
-
-def policy_update(*, changes: dict[str, Any]) -> RoutingPolicy:
-    """Change some ``POLICY_FIELDS`` of the routing policy (applies at the next request and
-    tick). Raises ``Invalid`` naming the field."""
-    policy = RoutingPolicy.load()
-    for key, value in changes.items():
-        if key not in POLICY_FIELDS:
-            raise Invalid(f"{key}: not a policy field.", field=key)
-        setattr(policy, key, value)
-    try:
-        policy.full_clean()
-    except ValidationError as exc:
-        raise invalid_from(exc) from exc
-    policy.save()
-    return policy

@@ -22,7 +22,9 @@ from console.errors import ConsoleError
 from console.forms import ConfigForm, NodeForm, PackageForm, PolicyForm, TokenForm
 from console.models import Role
 from console.prometheus import prometheus_text
-from inference.models import ModelPackage
+from inference import services as inference_services
+from inference.models import ModelPackage, SessionRoute
+from nodes import client as node_client
 from nodes.models import Node
 
 NAV = [
@@ -259,7 +261,7 @@ def routing(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         access.require(request.principal, Role.OPERATOR)  # type: ignore[attr-defined]
         if form.is_valid():
-            services.policy_update(changes=form.cleaned_data)
+            inference_services.policy_update(changes=form.cleaned_data)
             messages.success(request, "Policy saved; it applies to the next request and tick.")
             return redirect("console:routing")
     return _render(
@@ -286,6 +288,20 @@ def session(request: HttpRequest, session_id: str) -> HttpResponse:
     if detail is None:
         raise Http404("No such session")
     return _render(request, "console/session.html", {"page": "routing", **detail})
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def session_release(request: HttpRequest, session_id: str) -> HttpResponse:
+    """Unpin a session (its next turn is placed afresh) and erase its KV on the node it left."""
+    try:
+        address = inference_services.route_release(session_id=session_id)
+    except SessionRoute.DoesNotExist as exc:
+        raise Http404("No such session") from exc
+    if address:
+        node_client.session_erase_sync(address, session_id=session_id, timeout=2.0)
+    messages.success(request, f"Released {session_id}." if address else "It was not pinned.")
+    return redirect("console:session", session_id=session_id)
 
 
 # --- utilization, playground --------------------------------------------------------------

@@ -63,6 +63,9 @@ def test_it_shows_a_session_and_its_decisions(login, node):
     page = login("viewer").get("/sessions/s-1/").content.decode()
     assert "lowest load 0 of 1 candidates" in page
     assert login("viewer").get("/sessions/nope/").status_code == 404
+    assert login("viewer").post("/sessions/s-1/release/").status_code == 403
+    assert login("operator").post("/sessions/s-1/release/").status_code == 302
+    assert SessionRoute.objects.get(session_id="s-1").node is None
 
 
 def test_it_hides_drain_from_a_viewer_and_refuses_it(login, node):
@@ -118,18 +121,13 @@ def test_it_refuses_node_changes_below_admin(login, node):
 
 
 def test_it_edits_the_policy_as_operator_only(login):
-    form = {
-        "session_header": "X-Agent-Session",
-        "health_interval_s": "2",
-        "failure_threshold": "3",
-        "failover_strategy": "stick_and_redirect",
-        "probe_timeout_s": "2",
-        "connect_timeout_s": "2",
-        "request_timeout_s": "120",
-        "max_attempts": "3",
-    }
+    from django.forms.models import model_to_dict
+
+    current = model_to_dict(RoutingPolicy.load(), exclude=["id", "updated_at"])
+    form = {**current, "session_header": "X-Agent-Session", "health_interval_s": "2"}
     assert login("viewer").post("/routing/", form).status_code == 403
-    assert login("operator").post("/routing/", form).status_code == 302
+    response = login("operator").post("/routing/", form)
+    assert response.status_code == 302, response.context["form"].errors
     assert RoutingPolicy.load().session_header == "X-Agent-Session"
     bad = login("operator").post("/routing/", {**form, "health_interval_s": "0"})
     assert bad.status_code == 400
