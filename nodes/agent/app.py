@@ -125,13 +125,11 @@ class NodeApp:
         if service is None:
             return await self._error(send, 503, "the model is still loading", code="loading", retry=True)
         try:
-            chat = parse_chat_request(json.loads(raw))
+            chat = parse_chat_request(_json_body(raw))
             if chat.model and chat.model != self.identity.package:
                 raise BadRequest(f"model {chat.model!r} is not served by this node "
                                  f"(it serves {self.identity.package!r})", param="model", code="model_not_found")
             generation = service.start(chat, session_id=header(scope, "x-session-id"))
-        except json.JSONDecodeError as exc:
-            return await self._error(send, 400, f"the body is not valid JSON: {exc}", code="invalid_json")
         except BadRequest as exc:
             status = 404 if exc.code == "model_not_found" else 400
             return await self._error(send, status, str(exc), code=exc.code, param=exc.param)
@@ -221,6 +219,16 @@ class NodeApp:
 
     async def _on_engine(self, fn):
         return await asyncio.wrap_future(self.engine.call(fn))
+
+
+def _json_body(raw: bytes) -> object:
+    """The decoded body; ``BadRequest`` when it is not UTF-8 JSON."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the body is not UTF-8: {exc}", code="invalid_json") from exc
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

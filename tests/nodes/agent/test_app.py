@@ -97,6 +97,8 @@ def test_it_exports_imports_and_erases_a_session(node) -> None:
 
 @pytest.mark.parametrize("body, needle", [
     (b"{not json", "not valid JSON"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b"[1, 2]", "must be a JSON object"),
     (json.dumps({"messages": []}).encode(), "'messages' must be a non-empty list"),
     (json.dumps({}).encode(), "'messages' is required"),
     (json.dumps({"messages": "hi"}).encode(), "'messages' must be a non-empty list"),
@@ -175,3 +177,20 @@ def test_it_stops_generating_when_the_client_goes_away(node) -> None:
             break
         time.sleep(0.05)
     assert active == 0
+
+
+def test_it_answers_503_with_retry_after_past_its_queue_bound(tmp_path) -> None:
+    small = start_node("node-q", tmp_path, extra_args=["--sequences", "1", "--max-queue", "1"])
+    try:
+        body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200,
+                "stream": True}
+        with httpx.stream("POST", f"{small.url}/v1/chat/completions", json=body, timeout=60) as running:
+            next(running.iter_lines())  # admitted and generating
+            with httpx.stream("POST", f"{small.url}/v1/chat/completions", json=body, timeout=60) as queued:
+                assert queued.status_code == 200 and small.url  # waits in the queue
+                refused = chat(small, {"messages": [{"role": "user", "content": "x"}]})
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert "queue is full" in refused.json()["error"]["message"]
+    finally:
+        small.stop()
