@@ -73,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="6 sessions x 3 turns, within 60 s")
     args = parser.parse_args()
-    sessions, turns, max_tokens = (6, 3, 16) if args.quick else (12, 8, 40)
+    sessions, turns, max_tokens = (6, 3, 8) if args.quick else (12, 8, 40)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
     nodes = [start_node(f"node-0{i}", log_dir, extra_args=NODE_ARGS) for i in (1, 2, 3)]
     plane = None

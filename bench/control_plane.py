@@ -62,6 +62,7 @@ class ControlPlane:
                 raise RuntimeError(self.server.log()[-3000:])
             try:
                 if httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=1).status_code == 200:
+                    time.sleep(2.5)  # let the control loop scrape every node's load once
                     return
             except httpx.HTTPError:
                 pass
