@@ -199,9 +199,7 @@ def _why_not(node: NodeView | None, pinned: str, model: str, exclude: Mapping[st
     return f"{pinned} has weight 0"
 
 
-def _rebalance(
-    current: NodeView, pool: Sequence[NodeView], limits: Limits
-) -> Decision | None:
+def _rebalance(current: NodeView, pool: Sequence[NodeView], limits: Limits) -> Decision | None:
     here = per_weight(current)
     if here is None or here < limits.overload_threshold:
         return None

@@ -302,8 +302,8 @@ def route_release(*, session_id: str, reason: str = "released by operator") -> s
     """Unpin a session (its next turn is placed afresh) and log why; returns the address of
     the node it was pinned to (so its KV can be erased there), or None when it was not pinned.
     Raises ``SessionRoute.DoesNotExist`` for an unknown session."""
-    route = SessionRoute.objects.select_for_update().select_related("node").get(
-        session_id=session_id
+    route = (
+        SessionRoute.objects.select_for_update().select_related("node").get(session_id=session_id)
     )
     if route.node is None:
         return None
