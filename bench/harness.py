@@ -14,7 +14,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.processes import Proc, bundled_model_path, free_port, spawn, start_node, wait_healthy  # noqa: E402,F401
+from tests.support.processes import (
+    Proc,
+    bundled_model_path,
+    free_port,
+    spawn,
+)  # noqa: E402,F401
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -35,15 +40,18 @@ class StreamResult:
     usage: dict | None
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None) -> StreamResult:
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, body: dict, headers: dict | None = None
+) -> StreamResult:
     """One streamed chat; counts content events as tokens (both servers send one per token)."""
     start = time.perf_counter()
     ttft = 0.0
     tokens = 0
     parts: list[str] = []
     usage = None
-    async with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
-                             headers=headers or {}) as response:
+    async with client.stream(
+        "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, headers=headers or {}
+    ) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -63,10 +71,29 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict, headers: 
 def start_llama_cpp_server(log_dir: Path, *, threads: int, n_ctx: int) -> Proc:
     """llama-cpp-python's own OpenAI server with the bundled model (the peer)."""
     port = free_port()
-    args = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()),
-            "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
-            "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--interrupt_requests", "False",
-            "--model_alias", "smollm2-135m-instruct-q4_1", "--verbose", "False"]
+    args = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(bundled_model_path()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(n_ctx),
+        "--interrupt_requests",
+        "False",
+        "--model_alias",
+        "smollm2-135m-instruct-q4_1",
+        "--verbose",
+        "False",
+    ]
     proc = spawn(args, log_dir / "llama_cpp_server.log")
     proc.url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90

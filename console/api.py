@@ -72,11 +72,6 @@ def _bad_input(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
     return api.create_response(request, body, status=422)
 
 
-@api.get("/ping", response={200: dict}, auth=None, include_in_schema=False)
-def ping(request) -> dict:
-    return {"ok": True}
-
-
 from console.api_config import router as config_router  # noqa: E402
 from inference.api import router as inference_router  # noqa: E402
 from inference.api_packages import router as packages_router  # noqa: E402

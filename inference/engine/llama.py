@@ -80,7 +80,9 @@ class LlamaModel:
     def eos_token(self) -> str:
         return self.token_text(C.llama_vocab_eos(self.vocab))
 
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True
+    ) -> list[int]:
         """Token ids of ``text``; special tokens written in the text (``<|im_start|>``) are parsed."""
         raw = text.encode("utf-8")
         capacity = len(raw) + 8
@@ -89,7 +91,9 @@ class LlamaModel:
         if n < 0:
             capacity = -n
             buf = (C.llama_token * capacity)()
-            n = C.llama_tokenize(self.vocab, raw, len(raw), buf, capacity, add_special, parse_special)
+            n = C.llama_tokenize(
+                self.vocab, raw, len(raw), buf, capacity, add_special, parse_special
+            )
         return list(buf[:n])
 
     def piece(self, token: int, *, special: bool = False) -> bytes:

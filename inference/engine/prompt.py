@@ -61,8 +61,10 @@ class ChatFormatter:
             plain = _with_tool_instructions(plain, tool_mode)
         try:
             return self._template.render(
-                messages=plain, add_generation_prompt=True,
-                bos_token=self.bos_token, eos_token=self.eos_token,
+                messages=plain,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
             )
         except Exception as exc:  # jinja raises many kinds
             raise TemplateError(f"chat template failed: {exc}") from exc
@@ -86,7 +88,9 @@ def _flatten(message: dict[str, Any]) -> dict[str, str]:
             args_obj = json.loads(args) if isinstance(args, str) else args
         except json.JSONDecodeError:
             args_obj = args
-        text += f"{TOOL_OPEN}{json.dumps({'name': fn.get('name'), 'arguments': args_obj})}{TOOL_CLOSE}"
+        text += (
+            f"{TOOL_OPEN}{json.dumps({'name': fn.get('name'), 'arguments': args_obj})}{TOOL_CLOSE}"
+        )
     if role == "tool":
         return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
     return {"role": role if role != "developer" else "system", "content": text}

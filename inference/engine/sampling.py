@@ -58,7 +58,11 @@ def _stages(model: LlamaModel, p: SamplingParams) -> list:
     if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
         stages.append(
             C.llama_sampler_init_penalties(
-                model.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                model.n_vocab,
+                p.repeat_last_n,
+                p.repeat_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
             )
         )
     if p.temperature <= 0:

@@ -313,11 +313,15 @@ class Engine:
         cheaper than prefilling the same system prompt twice."""
         if not self.config.prefix_reuse:
             return False
-        arriving = max((common_prefix_len(r.prompt, req.prompt) for r in self._active if r.prefilling),
-                       default=0)
+        arriving = max(
+            (common_prefix_len(r.prompt, req.prompt) for r in self._active if r.prefilling),
+            default=0,
+        )
         if arriving < SHARE_WAIT_MIN_TOKENS:
             return False
-        return arriving - self.table.cached_prefix(req.session_id, req.prompt) >= SHARE_WAIT_MIN_TOKENS
+        return (
+            arriving - self.table.cached_prefix(req.session_id, req.prompt) >= SHARE_WAIT_MIN_TOKENS
+        )
 
     def _start(self, req: Request, seq: Sequence, cached: int) -> None:
         assert self.model is not None and self.table is not None
@@ -364,7 +368,9 @@ class Engine:
         for req, index in to_sample:
             self._on_token(req, self.ctx.sample(req.sampler.ptr, index))
 
-    def _add_prefill_chunks(self, to_sample: list[tuple[Request, int]]) -> list[tuple[Request, list[int]]]:
+    def _add_prefill_chunks(
+        self, to_sample: list[tuple[Request, int]]
+    ) -> list[tuple[Request, list[int]]]:
         """Append prompt chunks to the batch, oldest request first; returns what was added."""
         batch = self.ctx.batch
         added = []
@@ -396,7 +402,10 @@ class Engine:
             req.sink(TextDelta(delta))
         if req.assembler.stopped:
             self._finish(req, "stop")
-        elif req.generated >= req.params.max_tokens or len(req.seq.tokens) + 1 >= self.config.ctx_per_seq:
+        elif (
+            req.generated >= req.params.max_tokens
+            or len(req.seq.tokens) + 1 >= self.config.ctx_per_seq
+        ):
             self._finish(req, "length")
         else:
             req.last_token = token
@@ -424,7 +433,9 @@ class Engine:
             "cached_tokens": req.cached_tokens,
             "prefill_tokens": len(req.prompt) - req.cached_tokens,
             "ttft_ms": round((first - req.enqueued_at) * 1000, 2),
-            "decode_tokens_per_s": round((req.generated - 1) / decode_s, 2) if req.generated > 1 and decode_s > 0 else 0.0,
+            "decode_tokens_per_s": round((req.generated - 1) / decode_s, 2)
+            if req.generated > 1 and decode_s > 0
+            else 0.0,
             "total_ms": round((end - req.enqueued_at) * 1000, 2),
         }
         return Finished(
@@ -465,7 +476,9 @@ class Engine:
             "kv_capacity_tokens": self.config.sequences * self.config.ctx_per_seq,
             "host_ram_bytes": table.host.used_bytes if table else 0,
             "host_ram_budget_bytes": self.config.host_ram_mib * 1024 * 1024,
-            "reused_token_ratio": (s.cached_prompt_tokens_total / s.prompt_tokens_total) if s.prompt_tokens_total else 0.0,
+            "reused_token_ratio": (s.cached_prompt_tokens_total / s.prompt_tokens_total)
+            if s.prompt_tokens_total
+            else 0.0,
             "prefill_tokens_per_second": s.prefill_rate.rate(now),
             "decode_tokens_per_second": s.decode_rate.rate(now),
         }
@@ -474,7 +487,11 @@ class Engine:
         if not self.table:
             return []
         return [
-            {"id": s.seq_id, "state": "active" if s.busy else ("idle" if s.session_id else "free"),
-             "session_id": s.session_id, "n_tokens": len(s.tokens)}
+            {
+                "id": s.seq_id,
+                "state": "active" if s.busy else ("idle" if s.session_id else "free"),
+                "session_id": s.session_id,
+                "n_tokens": len(s.tokens),
+            }
             for s in self.table.sequences
         ]

@@ -236,12 +236,22 @@ class SequenceTable:
         """Where a session's KV is: ``{"where": "sequence"|"host", "tokens": n, "bytes": b}``."""
         seq = self.resident(session_id)
         if seq is not None:
-            return {"where": "sequence", "sequence": seq.seq_id, "busy": seq.busy,
-                    "tokens": len(seq.tokens), "bytes": len(seq.tokens) * bytes_per_token}
+            return {
+                "where": "sequence",
+                "sequence": seq.seq_id,
+                "busy": seq.busy,
+                "tokens": len(seq.tokens),
+                "bytes": len(seq.tokens) * bytes_per_token,
+            }
         entry = self.host.get(session_id)
         if entry is not None:
-            return {"where": "host", "sequence": None, "busy": False,
-                    "tokens": len(entry.tokens), "bytes": len(entry.blob)}
+            return {
+                "where": "host",
+                "sequence": None,
+                "busy": False,
+                "tokens": len(entry.tokens),
+                "bytes": len(entry.blob),
+            }
         return None
 
     def export(self, session_id: str) -> HostEntry | None:

@@ -93,26 +93,51 @@ class NodeApp:
             return await self._session(method, match["sid"], bool(match["state"]), receive, send)
         return await self._error(send, 404, f"no such endpoint: {method} {path}", code="not_found")
 
-    async def _error(self, send: Send, status: int, message: str, *, code: str, param: str | None = None,
-                     retry: bool = False) -> None:
+    async def _error(
+        self,
+        send: Send,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        param: str | None = None,
+        retry: bool = False,
+    ) -> None:
         extra = {**self.headers, **({"retry-after": RETRY_AFTER_S} if retry else {})}
         kind = "invalid_request_error" if status < 500 else "overloaded_error"
         await send_json(send, status, error_body(message, kind=kind, code=code, param=param), extra)
 
     async def _health(self, send: Send) -> None:
         if self.engine.load_error:
-            return await send_json(send, 500, {"status": "error", "error": self.engine.load_error}, self.headers)
+            return await send_json(
+                send, 500, {"status": "error", "error": self.engine.load_error}, self.headers
+            )
         if not self.engine.ready.is_set():
-            return await send_json(send, 503, {"status": "loading"}, {**self.headers, "retry-after": RETRY_AFTER_S})
+            return await send_json(
+                send, 503, {"status": "loading"}, {**self.headers, "retry-after": RETRY_AFTER_S}
+            )
         snap = self.engine.snapshot()
-        return await send_json(send, 200, {
-            "status": "ok", "node": self.identity.node_id, "model": self.identity.package, "pid": os.getpid(),
-            "sequences_active": snap["sequences_active"], "queue_depth": snap["queue_depth"],
-        }, self.headers)
+        return await send_json(
+            send,
+            200,
+            {
+                "status": "ok",
+                "node": self.identity.node_id,
+                "model": self.identity.package,
+                "pid": os.getpid(),
+                "sequences_active": snap["sequences_active"],
+                "queue_depth": snap["queue_depth"],
+            },
+            self.headers,
+        )
 
     def _models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": self.identity.package, "object": "model", "owned_by": self.identity.node_id}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": self.identity.package, "object": "model", "owned_by": self.identity.node_id}
+            ],
+        }
 
     # Chat -------------------------------------------------------------------------------
 
@@ -123,12 +148,18 @@ class NodeApp:
             return await self._error(send, 413, str(exc), code="body_too_large")
         service = self.service
         if service is None:
-            return await self._error(send, 503, "the model is still loading", code="loading", retry=True)
+            return await self._error(
+                send, 503, "the model is still loading", code="loading", retry=True
+            )
         try:
             chat = parse_chat_request(_json_body(raw))
             if chat.model and chat.model != self.identity.package:
-                raise BadRequest(f"model {chat.model!r} is not served by this node "
-                                 f"(it serves {self.identity.package!r})", param="model", code="model_not_found")
+                raise BadRequest(
+                    f"model {chat.model!r} is not served by this node "
+                    f"(it serves {self.identity.package!r})",
+                    param="model",
+                    code="model_not_found",
+                )
             generation = service.start(chat, session_id=header(scope, "x-session-id"))
         except BadRequest as exc:
             status = 404 if exc.code == "model_not_found" else 400
@@ -146,8 +177,11 @@ class NodeApp:
             self.engine.cancel(generation.request)  # no-op when finished; frees it otherwise
 
     def _shaper(self, generation: Generation) -> CompletionShaper:
-        return CompletionShaper(model=self.identity.package, node_id=self.identity.node_id,
-                                tools=generation.chat.tool_mode is not None)
+        return CompletionShaper(
+            model=self.identity.package,
+            node_id=self.identity.node_id,
+            tools=generation.chat.tool_mode is not None,
+        )
 
     async def _complete(self, generation: Generation, send: Send) -> None:
         result = await collect(generation)
@@ -157,7 +191,9 @@ class NodeApp:
 
     async def _stream(self, generation: Generation, send: Send) -> None:
         shaper = self._shaper(generation)
-        await send_start(send, 200, "text/event-stream", {**self.headers, "cache-control": "no-cache"})
+        await send_start(
+            send, 200, "text/event-stream", {**self.headers, "cache-control": "no-cache"}
+        )
 
         async def emit(payload: bytes) -> None:
             await send({"type": "http.response.body", "body": payload, "more_body": True})
@@ -179,30 +215,46 @@ class NodeApp:
 
     # Sessions ---------------------------------------------------------------------------
 
-    async def _session(self, method: str, session_id: str, state: bool, receive: Receive, send: Send) -> None:
+    async def _session(
+        self, method: str, session_id: str, state: bool, receive: Receive, send: Send
+    ) -> None:
         if not self.engine.ready.is_set():
-            return await self._error(send, 503, "the model is still loading", code="loading", retry=True)
+            return await self._error(
+                send, 503, "the model is still loading", code="loading", retry=True
+            )
         table = self.engine.table
         try:
             if method == "GET" and not state:
-                where = await self._on_engine(lambda: table.locate(session_id, self.engine.kv_bytes_per_token))
+                where = await self._on_engine(
+                    lambda: table.locate(session_id, self.engine.kv_bytes_per_token)
+                )
                 if where is None:
-                    return await self._error(send, 404, f"no KV held for session {session_id!r}", code="unknown_session")
+                    return await self._error(
+                        send, 404, f"no KV held for session {session_id!r}", code="unknown_session"
+                    )
                 return await send_json(send, 200, {"session_id": session_id, **where}, self.headers)
             if method == "GET" and state:
                 entry = await self._on_engine(lambda: table.export(session_id))
                 if entry is None:
-                    return await self._error(send, 404, f"no KV held for session {session_id!r}", code="unknown_session")
+                    return await self._error(
+                        send, 404, f"no KV held for session {session_id!r}", code="unknown_session"
+                    )
                 blob = pack_state(entry, model_sha256=self.identity.model_sha256)
                 return await send_bytes(send, 200, blob, "application/octet-stream", self.headers)
             if method == "PUT" and state:
                 return await self._import(session_id, receive, send)
             if method == "DELETE" and not state:
                 found = await self._on_engine(lambda: table.erase(session_id))
-                return await send_json(send, 200, {"session_id": session_id, "erased": found}, self.headers)
+                return await send_json(
+                    send, 200, {"session_id": session_id, "erased": found}, self.headers
+                )
         except SessionBusy:
-            return await self._error(send, 409, f"session {session_id!r} has a request in flight", code="session_busy")
-        return await self._error(send, 405, f"{method} is not allowed here", code="method_not_allowed")
+            return await self._error(
+                send, 409, f"session {session_id!r} has a request in flight", code="session_busy"
+            )
+        return await self._error(
+            send, 405, f"{method} is not allowed here", code="method_not_allowed"
+        )
 
     async def _import(self, session_id: str, receive: Receive, send: Send) -> None:
         try:
@@ -210,12 +262,25 @@ class NodeApp:
         except (ValueError, BodyTooLarge) as exc:
             return await self._error(send, 400, str(exc), code="invalid_state")
         if sha and self.identity.model_sha256 and sha != self.identity.model_sha256:
-            return await self._error(send, 409, "state was exported from another model", code="model_mismatch")
+            return await self._error(
+                send, 409, "state was exported from another model", code="model_mismatch"
+            )
         kept = await self._on_engine(lambda: self.engine.table.import_(session_id, entry))
         if not kept:
-            return await self._error(send, 507, "state exceeds the host RAM budget", code="over_budget")
-        return await send_json(send, 200, {"session_id": session_id, "where": "host",
-                                           "tokens": len(entry.tokens), "bytes": len(entry.blob)}, self.headers)
+            return await self._error(
+                send, 507, "state exceeds the host RAM budget", code="over_budget"
+            )
+        return await send_json(
+            send,
+            200,
+            {
+                "session_id": session_id,
+                "where": "host",
+                "tokens": len(entry.tokens),
+                "bytes": len(entry.blob),
+            },
+            self.headers,
+        )
 
     async def _on_engine(self, fn):
         return await asyncio.wrap_future(self.engine.call(fn))

@@ -50,7 +50,9 @@ async def send_start(send: Send, status: int, content_type: str, extra: dict[str
     await send({"type": "http.response.start", "status": status, "headers": headers})
 
 
-async def send_bytes(send: Send, status: int, body: bytes, content_type: str, extra: dict[str, str]) -> None:
+async def send_bytes(
+    send: Send, status: int, body: bytes, content_type: str, extra: dict[str, str]
+) -> None:
     await send_start(send, status, content_type, extra)
     await send({"type": "http.response.body", "body": body})
 
@@ -59,8 +61,13 @@ async def send_json(send: Send, status: int, payload: Any, extra: dict[str, str]
     await send_bytes(send, status, json.dumps(payload).encode(), "application/json", extra)
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", code: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
+) -> dict[str, Any]:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": kind, "code": code, "param": param}}
 

@@ -18,7 +18,9 @@ MAX_STOP_STRINGS = 8
 class BadRequest(ValueError):
     """A 400 answer: ``message`` names the problem, ``param`` the offending field."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request") -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str = "invalid_request"
+    ) -> None:
         super().__init__(message)
         self.param = param
         self.code = code
@@ -78,12 +80,16 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise BadRequest(f"'{where}' must be an object", param=where)
         if message.get("role") not in ROLES:
-            raise BadRequest(f"'{where}.role' must be one of {sorted(ROLES)}", param=f"{where}.role")
+            raise BadRequest(
+                f"'{where}.role' must be one of {sorted(ROLES)}", param=f"{where}.role"
+            )
         content = message.get("content")
         if content is None and not message.get("tool_calls"):
             raise BadRequest(f"'{where}.content' is required", param=f"{where}.content")
         if content is not None and not isinstance(content, (str, list)):
-            raise BadRequest(f"'{where}.content' must be a string or a list of parts", param=f"{where}.content")
+            raise BadRequest(
+                f"'{where}.content' must be a string or a list of parts", param=f"{where}.content"
+            )
     return messages
 
 
@@ -105,9 +111,16 @@ def _response_format(body: dict) -> dict[str, Any] | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise BadRequest("'response_format.type' must be text, json_object or json_schema", param="response_format")
-    if fmt["type"] == "json_schema" and not isinstance((fmt.get("json_schema") or {}).get("schema"), dict):
-        raise BadRequest("'response_format.json_schema.schema' must be an object", param="response_format")
+        raise BadRequest(
+            "'response_format.type' must be text, json_object or json_schema",
+            param="response_format",
+        )
+    if fmt["type"] == "json_schema" and not isinstance(
+        (fmt.get("json_schema") or {}).get("schema"), dict
+    ):
+        raise BadRequest(
+            "'response_format.json_schema.schema' must be an object", param="response_format"
+        )
     return fmt
 
 
@@ -123,7 +136,10 @@ def _tool_mode(body: dict) -> ToolMode | None:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise BadRequest(f"'tools[{i}].function.name' is required", param=f"tools[{i}]")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise BadRequest(f"'tools[{i}].function.parameters' must be a JSON schema object", param=f"tools[{i}]")
+            raise BadRequest(
+                f"'tools[{i}].function.parameters' must be a JSON schema object",
+                param=f"tools[{i}]",
+            )
         names.append(fn["name"])
     choice = body.get("tool_choice", "auto")
     if choice == "none":
@@ -133,7 +149,9 @@ def _tool_mode(body: dict) -> ToolMode | None:
         if choice not in names:
             raise BadRequest(f"'tool_choice' names unknown tool {choice!r}", param="tool_choice")
     elif choice not in ("auto", "required"):
-        raise BadRequest("'tool_choice' must be none, auto, required or a named function", param="tool_choice")
+        raise BadRequest(
+            "'tool_choice' must be none, auto, required or a named function", param="tool_choice"
+        )
     return ToolMode(tools=tuple(tools), choice=choice)
 
 
@@ -152,7 +170,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     tool_mode = _tool_mode(body)
     response_format = _response_format(body)
     if tool_mode and response_format and response_format["type"] != "text":
-        raise BadRequest("'tools' and a JSON 'response_format' cannot be combined", param="response_format")
+        raise BadRequest(
+            "'tools' and a JSON 'response_format' cannot be combined", param="response_format"
+        )
     return ChatRequest(
         model=model,
         messages=_messages(body),

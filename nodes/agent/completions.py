@@ -23,7 +23,15 @@ from inference.engine.prompt import (
     tool_grammar,
 )
 from inference.engine.sampling import SamplingParams
-from inference.engine.scheduler import Engine, EngineEvent, Failed, Finished, PromptTooLong, Request, TextDelta
+from inference.engine.scheduler import (
+    Engine,
+    EngineEvent,
+    Failed,
+    Finished,
+    PromptTooLong,
+    Request,
+    TextDelta,
+)
 from nodes.agent.chat_request import BadRequest, ChatRequest
 
 DEFAULT_MAX_TOKENS = 1024
@@ -58,13 +66,20 @@ class ChatService:
         if room < 1:
             raise BadRequest(
                 f"prompt of {len(prompt)} tokens does not fit the per-sequence context of "
-                f"{self.engine.config.ctx_per_seq} tokens", param="messages", code="context_length_exceeded")
-        max_tokens = chat.max_tokens if chat.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+                f"{self.engine.config.ctx_per_seq} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        max_tokens = (
+            chat.max_tokens if chat.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+        )
         params = _sampling_params(chat, max_tokens)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         request = Request(
-            prompt=prompt, params=params, session_id=session_id,
+            prompt=prompt,
+            params=params,
+            session_id=session_id,
             sink=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
         )
         try:
@@ -75,12 +90,24 @@ class ChatService:
 
 
 def _sampling_params(chat: ChatRequest, max_tokens: int) -> SamplingParams:
-    grammar = tool_grammar(chat.tool_mode) if chat.tool_mode else response_format_grammar(chat.response_format)
+    grammar = (
+        tool_grammar(chat.tool_mode)
+        if chat.tool_mode
+        else response_format_grammar(chat.response_format)
+    )
     extra = {"seed": chat.seed} if chat.seed is not None else {}
     return SamplingParams(
-        max_tokens=max_tokens, temperature=chat.temperature, top_p=chat.top_p, top_k=chat.top_k,
-        min_p=chat.min_p, repeat_penalty=chat.repeat_penalty, frequency_penalty=chat.frequency_penalty,
-        presence_penalty=chat.presence_penalty, stop=chat.stop, grammar=grammar, **extra,
+        max_tokens=max_tokens,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        top_k=chat.top_k,
+        min_p=chat.min_p,
+        repeat_penalty=chat.repeat_penalty,
+        frequency_penalty=chat.frequency_penalty,
+        presence_penalty=chat.presence_penalty,
+        stop=chat.stop,
+        grammar=grammar,
+        **extra,
     )
 
 
@@ -97,11 +124,13 @@ def _tool_calls(text: str) -> list[dict[str, Any]] | None:
     call = parse_tool_call(text)
     if call is None:
         return None
-    return [{
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))},
-    }]
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))},
+        }
+    ]
 
 
 @dataclass
@@ -118,8 +147,11 @@ class CompletionShaper:
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.model, "system_fingerprint": self.node_id,
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.node_id,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
         }
 
@@ -146,11 +178,32 @@ class CompletionShaper:
             if calls:
                 reason = "tool_calls"
                 call = calls[0]
-                chunks.append(self._chunk({"tool_calls": [{
-                    "index": 0, "id": call["id"], "type": "function",
-                    "function": {"name": call["function"]["name"], "arguments": ""}}]}))
-                chunks.append(self._chunk({"tool_calls": [{
-                    "index": 0, "function": {"arguments": call["function"]["arguments"]}}]}))
+                chunks.append(
+                    self._chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": 0,
+                                    "id": call["id"],
+                                    "type": "function",
+                                    "function": {"name": call["function"]["name"], "arguments": ""},
+                                }
+                            ]
+                        }
+                    )
+                )
+                chunks.append(
+                    self._chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": 0,
+                                    "function": {"arguments": call["function"]["arguments"]},
+                                }
+                            ]
+                        }
+                    )
+                )
             else:
                 chunks.append(self._chunk({"content": self._held}))
         chunks.append(self._chunk({}, finish_reason=reason))
@@ -164,11 +217,20 @@ class CompletionShaper:
         if calls:
             message["tool_calls"] = calls
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": self.node_id,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if calls else done.finish_reason}],
-            "usage": _usage(done), "timings": done.timings,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if calls else done.finish_reason,
+                }
+            ],
+            "usage": _usage(done),
+            "timings": done.timings,
         }
 
 

@@ -10,6 +10,7 @@ from nodes.agent.completions import ChatService
 def chat_service_for(engine: Engine) -> ChatService:
     model = engine.model
     assert model is not None, "engine is not loaded"
-    formatter = ChatFormatter(model.meta("tokenizer.chat_template"), bos_token=model.bos_token,
-                              eos_token=model.eos_token)
+    formatter = ChatFormatter(
+        model.meta("tokenizer.chat_template"), bos_token=model.bos_token, eos_token=model.eos_token
+    )
     return ChatService(engine, formatter)

@@ -6,27 +6,78 @@ from typing import Any
 
 # (snapshot key, metric name, type, help)
 _SERIES = [
-    ("requests_total", "phalanx_node_requests_total", "counter", "Chat requests admitted to the engine."),
-    ("prompt_tokens_total", "phalanx_node_prompt_tokens_total", "counter", "Prompt tokens of admitted requests."),
-    ("cached_prompt_tokens_total", "phalanx_node_cached_prompt_tokens_total", "counter",
-     "Prompt tokens reused from the KV cache instead of prefilled."),
-    ("generated_tokens_total", "phalanx_node_generated_tokens_total", "counter", "Tokens generated."),
-    ("restored_from_host_total", "phalanx_node_restored_from_host_total", "counter",
-     "Sessions whose KV was copied back from host RAM."),
-    ("cancelled_total", "phalanx_node_cancelled_total", "counter", "Requests cancelled by their client."),
+    (
+        "requests_total",
+        "phalanx_node_requests_total",
+        "counter",
+        "Chat requests admitted to the engine.",
+    ),
+    (
+        "prompt_tokens_total",
+        "phalanx_node_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of admitted requests.",
+    ),
+    (
+        "cached_prompt_tokens_total",
+        "phalanx_node_cached_prompt_tokens_total",
+        "counter",
+        "Prompt tokens reused from the KV cache instead of prefilled.",
+    ),
+    (
+        "generated_tokens_total",
+        "phalanx_node_generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+    ),
+    (
+        "restored_from_host_total",
+        "phalanx_node_restored_from_host_total",
+        "counter",
+        "Sessions whose KV was copied back from host RAM.",
+    ),
+    (
+        "cancelled_total",
+        "phalanx_node_cancelled_total",
+        "counter",
+        "Requests cancelled by their client.",
+    ),
     ("busy", "phalanx_node_busy", "gauge", "1 while any sequence is prefilling or decoding."),
     ("sequences_total", "phalanx_node_sequences_total", "gauge", "Configured KV sequences."),
     ("queue_depth", "phalanx_node_queue_depth", "gauge", "Requests waiting for a sequence."),
     ("kv_used_tokens", "phalanx_node_kv_used_tokens", "gauge", "KV cells in use."),
     ("kv_used_bytes", "phalanx_node_kv_used_bytes", "gauge", "Bytes of KV in use (f16 K and V)."),
     ("kv_capacity_tokens", "phalanx_node_kv_capacity_tokens", "gauge", "KV cells in the context."),
-    ("host_ram_bytes", "phalanx_node_host_ram_bytes", "gauge", "Bytes of idle sessions' KV in host RAM."),
-    ("host_ram_budget_bytes", "phalanx_node_host_ram_budget_bytes", "gauge", "Host RAM budget for KV."),
-    ("reused_token_ratio", "phalanx_node_reused_token_ratio", "gauge", "Cached over all prompt tokens."),
-    ("prefill_tokens_per_second", "phalanx_node_prefill_tokens_per_second", "gauge",
-     "Prompt tokens processed per second, last 10 s."),
-    ("decode_tokens_per_second", "phalanx_node_decode_tokens_per_second", "gauge",
-     "Tokens generated per second, last 10 s."),
+    (
+        "host_ram_bytes",
+        "phalanx_node_host_ram_bytes",
+        "gauge",
+        "Bytes of idle sessions' KV in host RAM.",
+    ),
+    (
+        "host_ram_budget_bytes",
+        "phalanx_node_host_ram_budget_bytes",
+        "gauge",
+        "Host RAM budget for KV.",
+    ),
+    (
+        "reused_token_ratio",
+        "phalanx_node_reused_token_ratio",
+        "gauge",
+        "Cached over all prompt tokens.",
+    ),
+    (
+        "prefill_tokens_per_second",
+        "phalanx_node_prefill_tokens_per_second",
+        "gauge",
+        "Prompt tokens processed per second, last 10 s.",
+    ),
+    (
+        "decode_tokens_per_second",
+        "phalanx_node_decode_tokens_per_second",
+        "gauge",
+        "Tokens generated per second, last 10 s.",
+    ),
 ]
 
 
@@ -35,10 +86,22 @@ def prometheus_text(node_id: str, snapshot: dict[str, Any]) -> str:
     label = f'node="{node_id}"'
     lines: list[str] = []
     for key, name, kind, help_text in _SERIES:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {snapshot.get(key, 0)}"]
-    lines += ["# HELP phalanx_node_sequences KV sequences by state.", "# TYPE phalanx_node_sequences gauge"]
+        lines += [
+            f"# HELP {name} {help_text}",
+            f"# TYPE {name} {kind}",
+            f"{name}{{{label}}} {snapshot.get(key, 0)}",
+        ]
+    lines += [
+        "# HELP phalanx_node_sequences KV sequences by state.",
+        "# TYPE phalanx_node_sequences gauge",
+    ]
     for state in ("active", "idle", "host"):
-        lines.append(f'phalanx_node_sequences{{{label},state="{state}"}} {snapshot.get("sequences_" + state, 0)}')
-    lines += ["# HELP phalanx_node_ready 1 once the model is loaded.", "# TYPE phalanx_node_ready gauge",
-              f"phalanx_node_ready{{{label}}} {1 if snapshot.get('ready') else 0}"]
+        lines.append(
+            f'phalanx_node_sequences{{{label},state="{state}"}} {snapshot.get("sequences_" + state, 0)}'
+        )
+    lines += [
+        "# HELP phalanx_node_ready 1 once the model is loaded.",
+        "# TYPE phalanx_node_ready gauge",
+        f"phalanx_node_ready{{{label}}} {1 if snapshot.get('ready') else 0}",
+    ]
     return "\n".join(lines) + "\n"

@@ -31,9 +31,26 @@ def array(tmp_path_factory):
     model = bundled_model_path()
     (home / "models" / model.name).symlink_to(model)
     port, node_port = free_port(), free_port()
-    env = {"PHALANX_HOME": str(home), "PHALANX_API_TOKEN": TOKEN, "PHALANX_OPERATOR_PASSWORD": "e2e-pass"}
-    proc = spawn([sys.executable, "manage.py", "up", "--nodes", "2", "--port", str(port),
-                  "--node-port", str(node_port)], home / "up.log", env=env)
+    env = {
+        "PHALANX_HOME": str(home),
+        "PHALANX_API_TOKEN": TOKEN,
+        "PHALANX_OPERATOR_PASSWORD": "e2e-pass",
+    }
+    proc = spawn(
+        [
+            sys.executable,
+            "manage.py",
+            "up",
+            "--nodes",
+            "2",
+            "--port",
+            str(port),
+            "--node-port",
+            str(node_port),
+        ],
+        home / "up.log",
+        env=env,
+    )
     try:
         nodes = [f"http://127.0.0.1:{node_port + i}" for i in range(2)]
         for url in nodes:
@@ -57,8 +74,12 @@ def client(array) -> OpenAI:
 
 def turn(array, session: str, messages: list[dict]) -> tuple[str, dict]:
     raw = client(array).chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0,
-        extra_headers={"X-Session-Id": session})
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_headers={"X-Session-Id": session},
+    )
     completion = raw.parse()
     return raw.headers["x-phalanx-node"], completion.model_dump()
 
@@ -69,19 +90,29 @@ def test_it_keeps_a_session_on_one_node_and_reuses_its_kv(array) -> None:
     history += [first["choices"][0]["message"], {"role": "user", "content": "Another one?"}]
     node2, second = turn(array, "e2e-pin", history)
     assert node1 == node2
-    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    assert (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    )
 
 
 def test_it_spreads_new_sessions_over_both_nodes(array) -> None:
-    seen = {turn(array, f"e2e-spread-{i}", [{"role": "user", "content": "Hi"}])[0] for i in range(4)}
+    seen = {
+        turn(array, f"e2e-spread-{i}", [{"role": "user", "content": "Hi"}])[0] for i in range(4)
+    }
     assert seen == {"node-01", "node-02"}
 
 
 def test_it_streams_token_by_token_through_the_sdk(array) -> None:
     stream = client(array).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Write a short poem."}], max_tokens=24,
-        stream=True, extra_headers={"X-Session-Id": "e2e-stream"})
-    deltas = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a short poem."}],
+        max_tokens=24,
+        stream=True,
+        extra_headers={"X-Session-Id": "e2e-stream"},
+    )
+    deltas = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
     assert len(deltas) > 5
 
 
@@ -106,8 +137,11 @@ def test_it_chats_over_the_websocket_with_a_server_side_transcript(array) -> Non
 
 
 def test_it_rejects_a_wrong_token(array) -> None:
-    r = httpx.post(f"{array['base']}/v1/chat/completions", headers={"Authorization": "Bearer nope"},
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(
+        f"{array['base']}/v1/chat/completions",
+        headers={"Authorization": "Bearer nope"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+    )
     assert r.status_code == 401 and r.json()["error"]["message"]
 
 

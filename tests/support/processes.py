@@ -52,8 +52,14 @@ class Proc:
 
 def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Proc:
     log = open(log_path, "wb")
-    popen = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, **(env or {})}, start_new_session=True)
+    popen = subprocess.Popen(
+        args,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     return Proc(popen=popen, log_path=log_path)
 
 
@@ -62,7 +68,9 @@ def wait_healthy(url: str, proc: Proc | None = None, timeout: float = 90.0) -> N
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.popen.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
+            raise RuntimeError(
+                f"process exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}"
+            )
         try:
             if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
                 return
@@ -72,14 +80,36 @@ def wait_healthy(url: str, proc: Proc | None = None, timeout: float = 90.0) -> N
     raise RuntimeError(f"{url} not healthy after {timeout}s:\n{proc.log()[-3000:] if proc else ''}")
 
 
-def start_node(node_id: str, log_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-               threads: int = 1, cpus: str | None = None, extra_args: list[str] | None = None,
-               wait: bool = True) -> Proc:
+def start_node(
+    node_id: str,
+    log_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    threads: int = 1,
+    cpus: str | None = None,
+    extra_args: list[str] | None = None,
+    wait: bool = True,
+) -> Proc:
     """Start ``manage.py runnode`` with the bundled model; returns when it is healthy."""
     port = port or free_port(host)
-    args = [sys.executable, "manage.py", "runnode", "--id", node_id, "--listen", f"{host}:{port}",
-            "--model", str(bundled_model_path()), "--package", "smollm2-135m-instruct-q4_1",
-            "--threads", str(threads), *(["--cpus", cpus] if cpus else []), *(extra_args or [])]
+    args = [
+        sys.executable,
+        "manage.py",
+        "runnode",
+        "--id",
+        node_id,
+        "--listen",
+        f"{host}:{port}",
+        "--model",
+        str(bundled_model_path()),
+        "--package",
+        "smollm2-135m-instruct-q4_1",
+        "--threads",
+        str(threads),
+        *(["--cpus", cpus] if cpus else []),
+        *(extra_args or []),
+    ]
     proc = spawn(args, log_dir / f"{node_id}.log")
     proc.url = f"http://{host}:{port}"
     if wait:

@@ -30,7 +30,9 @@ class Command(BaseCommand):
         parser.add_argument("--listen", default="127.0.0.1:9401", help="host:port")
         parser.add_argument("--model", required=True, help="path of the GGUF file")
         parser.add_argument("--package", default=None, help="package name clients ask for")
-        parser.add_argument("--sha256", default="", help="sha256 of the GGUF (stamped on exported state)")
+        parser.add_argument(
+            "--sha256", default="", help="sha256 of the GGUF (stamped on exported state)"
+        )
         parser.add_argument("--threads", type=int, default=1)
         parser.add_argument("--cpus", default=None, help="CPU list to pin to, e.g. 0 or 0-3")
         parser.add_argument("--sequences", type=int, default=8)
@@ -39,7 +41,9 @@ class Command(BaseCommand):
         parser.add_argument("--prefill-chunk", type=int, default=256)
         parser.add_argument("--host-ram-mib", type=int, default=256)
         parser.add_argument("--max-queue", type=int, default=64)
-        parser.add_argument("--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)")
+        parser.add_argument(
+            "--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)"
+        )
 
     def handle(self, *args, **o) -> None:
         from daphne.endpoints import build_endpoint_description_strings
@@ -53,9 +57,15 @@ class Command(BaseCommand):
         if o["cpus"]:
             os.sched_setaffinity(0, parse_cpu_set(o["cpus"]))
         config = EngineConfig(
-            model_path=o["model"], sequences=o["sequences"], ctx_per_seq=o["ctx_per_seq"],
-            n_batch=o["n_batch"], prefill_chunk=o["prefill_chunk"], threads=o["threads"],
-            host_ram_mib=o["host_ram_mib"], max_queue=o["max_queue"], prefix_reuse=not o["no_prefix_reuse"],
+            model_path=o["model"],
+            sequences=o["sequences"],
+            ctx_per_seq=o["ctx_per_seq"],
+            n_batch=o["n_batch"],
+            prefill_chunk=o["prefill_chunk"],
+            threads=o["threads"],
+            host_ram_mib=o["host_ram_mib"],
+            max_queue=o["max_queue"],
+            prefix_reuse=not o["no_prefix_reuse"],
         )
         package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
         engine = Engine(config)
@@ -64,7 +74,11 @@ class Command(BaseCommand):
         self.stdout.write(f"node {o['id']} serving {package} on http://{host}:{port}", ending="\n")
         self.stdout.flush()
         try:
-            Server(application=app, endpoints=build_endpoint_description_strings(host=host, port=int(port)),
-                   verbosity=0, action_logger=None).run()
+            Server(
+                application=app,
+                endpoints=build_endpoint_description_strings(host=host, port=int(port)),
+                verbosity=0,
+                action_logger=None,
+            ).run()
         finally:
             engine.stop()

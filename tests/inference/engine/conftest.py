@@ -37,8 +37,11 @@ class EngineDriver:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         model = engine.model
-        self.formatter = ChatFormatter(model.meta("tokenizer.chat_template"),
-                                       bos_token=model.bos_token, eos_token=model.eos_token)
+        self.formatter = ChatFormatter(
+            model.meta("tokenizer.chat_template"),
+            bos_token=model.bos_token,
+            eos_token=model.eos_token,
+        )
 
     def tokens(self, messages: list[dict]) -> list[int]:
         return self.engine.model.tokenize(self.formatter.render(messages))
@@ -47,8 +50,12 @@ class EngineDriver:
         params.setdefault("temperature", 0.0)
         params.setdefault("max_tokens", 24)
         events: queue.Queue = queue.Queue()
-        request = Request(prompt=self.tokens(messages), params=SamplingParams(**params),
-                          sink=events.put, session_id=session)
+        request = Request(
+            prompt=self.tokens(messages),
+            params=SamplingParams(**params),
+            sink=events.put,
+            session_id=session,
+        )
         return Run(self.engine, request, events)
 
     def submit(self, messages: list[dict], *, session: str | None = None, **params) -> Run:
@@ -61,8 +68,10 @@ class EngineDriver:
 
 
 def make_engine(**overrides) -> Engine:
-    config = EngineConfig(model_path=str(bundled_model_path()), **{
-        "sequences": 4, "ctx_per_seq": 1024, "threads": 2, "host_ram_mib": 64, **overrides})
+    config = EngineConfig(
+        model_path=str(bundled_model_path()),
+        **{"sequences": 4, "ctx_per_seq": 1024, "threads": 2, "host_ram_mib": 64, **overrides},
+    )
     engine = Engine(config)
     engine.start()
     assert engine.ready.wait(120), engine.load_error

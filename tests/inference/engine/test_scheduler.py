@@ -37,13 +37,21 @@ def test_it_keeps_concurrent_streams_apart(driver: EngineDriver) -> None:
 
 
 def test_it_streams_exactly_the_final_text(driver: EngineDriver) -> None:
-    run = driver.submit(user("Reply with three emoji and the Japanese word for cat."),
-                        temperature=0.9, seed=7, max_tokens=40)
+    run = driver.submit(
+        user("Reply with three emoji and the Japanese word for cat."),
+        temperature=0.9,
+        seed=7,
+        max_tokens=40,
+    )
     deltas, done = run.wait()
     assert "".join(deltas) == done.text
     assert "\ufffd" not in done.text
-    again = driver.chat(user("Reply with three emoji and the Japanese word for cat."),
-                        temperature=0.9, seed=7, max_tokens=40)
+    again = driver.chat(
+        user("Reply with three emoji and the Japanese word for cat."),
+        temperature=0.9,
+        seed=7,
+        max_tokens=40,
+    )
     assert again.text == done.text
 
 
@@ -62,7 +70,9 @@ def test_it_reuses_the_session_prefix_on_the_next_turn(driver: EngineDriver) -> 
 def test_it_stops_at_a_stop_string_without_emitting_it(driver: EngineDriver) -> None:
     free = driver.chat(user("Count from 1 to 10, separated by commas."), max_tokens=40)
     assert "4" in free.text
-    stop = driver.submit(user("Count from 1 to 10, separated by commas."), max_tokens=40, stop=("4",))
+    stop = driver.submit(
+        user("Count from 1 to 10, separated by commas."), max_tokens=40, stop=("4",)
+    )
     deltas, done = stop.wait()
     assert done.finish_reason == "stop"
     assert "4" not in done.text and "".join(deltas) == done.text
@@ -162,15 +172,27 @@ def test_it_shares_a_common_system_prompt_across_sessions(driver: EngineDriver) 
     assert first.cached_tokens == 0
     assert second.cached_tokens >= system_tokens - 8  # the template's turn opener may differ
     # Both sessions keep their own sequence, and the first session's next turn still reuses.
-    third = driver.chat([system, *user("Plan a trip to Rome."), {"role": "assistant", "content": first.text},
-                         *user("And the budget?")], session="share-a")
+    third = driver.chat(
+        [
+            system,
+            *user("Plan a trip to Rome."),
+            {"role": "assistant", "content": first.text},
+            *user("And the budget?"),
+        ],
+        session="share-a",
+    )
     assert third.cached_tokens > first.prompt_tokens - 2
 
 
-def test_it_prefills_a_system_prompt_once_for_sessions_that_arrive_together(driver: EngineDriver) -> None:
+def test_it_prefills_a_system_prompt_once_for_sessions_that_arrive_together(
+    driver: EngineDriver,
+) -> None:
     driver.engine.clear_cache().result(10)
     system = {"role": "system", "content": "You are an agent with many tools. " * 30}
-    runs = [driver.prepare([system, *user(f"Task number {i}.")], session=f"together-{i}") for i in range(3)]
+    runs = [
+        driver.prepare([system, *user(f"Task number {i}.")], session=f"together-{i}")
+        for i in range(3)
+    ]
     driver.engine.submit_all([r.request for r in runs])
     results = [r.wait()[1] for r in runs]
     system_tokens = len(driver.tokens([system]))

@@ -42,8 +42,16 @@ def table(count: int = 2, budget: int = 1000, blob: int = 100) -> SequenceTable:
     return SequenceTable(FakeKv(blob), count, HostStore(budget), clock=lambda: float(next(clock)))
 
 
-@pytest.mark.parametrize("a, b, n", [([], [], 0), ([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2),
-                                     ([5], [6], 0), (list(range(1000)), list(range(999)) + [0], 999)])
+@pytest.mark.parametrize(
+    "a, b, n",
+    [
+        ([], [], 0),
+        ([1, 2, 3], [1, 2, 4], 2),
+        ([1, 2], [1, 2, 3], 2),
+        ([5], [6], 0),
+        (list(range(1000)), list(range(999)) + [0], 999),
+    ],
+)
 def test_it_measures_common_prefixes(a, b, n) -> None:
     assert common_prefix_len(a, b) == n
 

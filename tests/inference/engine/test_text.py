@@ -15,7 +15,7 @@ def feed(pieces: list[bytes], stops: tuple[str, ...] = ()) -> tuple[list[str], T
 def test_it_never_splits_a_character_across_deltas() -> None:
     text = "héllo 😀 猫"
     raw = text.encode()
-    deltas, assembler = feed([raw[i:i + 1] for i in range(len(raw))])
+    deltas, assembler = feed([raw[i : i + 1] for i in range(len(raw))])
     assert "".join(deltas) == text == assembler.text
     assert all("\ufffd" not in d for d in deltas)
 

@@ -16,8 +16,12 @@ PACKAGE = "smollm2-135m-instruct-q4_1"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    proc = start_node("node-t1", tmp_path_factory.mktemp("node"), threads=2,
-                      extra_args=["--sequences", "4", "--ctx-per-seq", "1024"])
+    proc = start_node(
+        "node-t1",
+        tmp_path_factory.mktemp("node"),
+        threads=2,
+        extra_args=["--sequences", "4", "--ctx-per-seq", "1024"],
+    )
     yield proc
     proc.stop()
 
@@ -28,8 +32,13 @@ def chat(node, body: dict, **headers) -> httpx.Response:
 
 def stream_events(node, body: dict, **headers) -> list[dict]:
     events = []
-    with httpx.stream("POST", f"{node.url}/v1/chat/completions", json={**body, "stream": True},
-                      headers=headers, timeout=120) as response:
+    with httpx.stream(
+        "POST",
+        f"{node.url}/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=headers,
+        timeout=120,
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -42,14 +51,25 @@ def test_it_reports_health_and_metrics(node) -> None:
     health = httpx.get(f"{node.url}/health").json()
     assert health["status"] == "ok" and health["node"] == "node-t1"
     metrics = httpx.get(f"{node.url}/metrics").text
-    for name in ("phalanx_node_requests_total", "phalanx_node_cached_prompt_tokens_total",
-                 "phalanx_node_kv_used_bytes", 'phalanx_node_sequences{node="node-t1",state="host"}'):
+    for name in (
+        "phalanx_node_requests_total",
+        "phalanx_node_cached_prompt_tokens_total",
+        "phalanx_node_kv_used_bytes",
+        'phalanx_node_sequences{node="node-t1",state="host"}',
+    ):
         assert name in metrics
 
 
 def test_it_answers_a_chat_in_openai_shape(node) -> None:
-    r = chat(node, {"model": PACKAGE, "messages": [{"role": "user", "content": "Say hello in Spanish."}],
-                    "temperature": 0, "max_tokens": 16})
+    r = chat(
+        node,
+        {
+            "model": PACKAGE,
+            "messages": [{"role": "user", "content": "Say hello in Spanish."}],
+            "temperature": 0,
+            "max_tokens": 16,
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.headers["x-phalanx-node"] == "node-t1"
     body = r.json()
@@ -60,12 +80,19 @@ def test_it_answers_a_chat_in_openai_shape(node) -> None:
 
 
 def test_it_streams_one_event_per_token_with_usage_at_the_end(node) -> None:
-    body = {"messages": [{"role": "user", "content": "Write a short poem about rain."}],
-            "temperature": 0.7, "seed": 3, "max_tokens": 30}
+    body = {
+        "messages": [{"role": "user", "content": "Write a short poem about rain."}],
+        "temperature": 0.7,
+        "seed": 3,
+        "max_tokens": 30,
+    }
     events = stream_events(node, body)
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     usage = events[-1]["usage"]
-    assert usage["completion_tokens"] >= len([e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]) - 1
+    assert (
+        usage["completion_tokens"]
+        >= len([e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]) - 1
+    )
     assert len(events) > 10
     plain = chat(node, body).json()
     assert plain["choices"][0]["message"]["content"] == text
@@ -73,41 +100,73 @@ def test_it_streams_one_event_per_token_with_usage_at_the_end(node) -> None:
 
 def test_it_shows_cached_tokens_on_a_sessions_second_turn(node) -> None:
     history = [{"role": "user", "content": "Name a fruit."}]
-    first = chat(node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "s-42"}).json()
+    first = chat(
+        node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "s-42"}
+    ).json()
     history += [first["choices"][0]["message"], {"role": "user", "content": "Another?"}]
-    second = chat(node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "s-42"}).json()
-    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    second = chat(
+        node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "s-42"}
+    ).json()
+    assert (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    )
     where = httpx.get(f"{node.url}/sessions/s-42").json()
     assert where["where"] == "sequence" and where["tokens"] > 0 and where["bytes"] > 0
 
 
 def test_it_exports_imports_and_erases_a_session(node) -> None:
     history = [{"role": "user", "content": "Tell me about owls."}]
-    chat(node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-1"})
+    chat(
+        node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-1"}
+    )
     blob = httpx.get(f"{node.url}/sessions/exp-1/state").content
     assert httpx.delete(f"{node.url}/sessions/exp-1").json()["erased"] is True
     assert httpx.get(f"{node.url}/sessions/exp-1").status_code == 404
     imported = httpx.put(f"{node.url}/sessions/exp-2/state", content=blob)
     assert imported.status_code == 200 and imported.json()["where"] == "host"
-    again = chat(node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-2"}).json()
+    again = chat(
+        node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-2"}
+    ).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     bad = httpx.put(f"{node.url}/sessions/exp-3/state", content=b"garbage")
     assert bad.status_code == 400 and "magic" in bad.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("body, needle", [
-    (b"{not json", "not valid JSON"),
-    (b"\xff\xfe{}", "not UTF-8"),
-    (b"[1, 2]", "must be a JSON object"),
-    (json.dumps({"messages": []}).encode(), "'messages' must be a non-empty list"),
-    (json.dumps({}).encode(), "'messages' is required"),
-    (json.dumps({"messages": "hi"}).encode(), "'messages' must be a non-empty list"),
-    (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), "messages[0].content"),
-    (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), "messages[0].role"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), "'temperature'"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}).encode(), "per-sequence context"),
-    (json.dumps({"messages": [{"role": "user", "content": "x " * 2000}]}).encode(), "per-sequence context"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[1, 2]", "must be a JSON object"),
+        (json.dumps({"messages": []}).encode(), "'messages' must be a non-empty list"),
+        (json.dumps({}).encode(), "'messages' is required"),
+        (json.dumps({"messages": "hi"}).encode(), "'messages' must be a non-empty list"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
+            "messages[0].content",
+        ),
+        (
+            json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(),
+            "messages[0].role",
+        ),
+        (
+            json.dumps(
+                {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}
+            ).encode(),
+            "'temperature'",
+        ),
+        (
+            json.dumps(
+                {"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}
+            ).encode(),
+            "per-sequence context",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x " * 2000}]}).encode(),
+            "per-sequence context",
+        ),
+    ],
+)
 def test_it_rejects_bad_input_with_a_message(node, body: bytes, needle: str) -> None:
     r = httpx.post(f"{node.url}/v1/chat/completions", content=body, timeout=30)
     assert r.status_code == 400
@@ -119,11 +178,21 @@ def test_it_refuses_an_unknown_model(node) -> None:
     assert r.status_code == 404 and "gpt-9" in r.json()["error"]["message"]
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
 
 
 def _assert_weather_call(call: dict) -> None:
@@ -134,40 +203,75 @@ def _assert_weather_call(call: dict) -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_it_returns_tool_calls_that_match_the_schema(node, seed: int) -> None:
-    body = {"messages": [{"role": "user", "content": "What's the weather in Oslo?"}], "tools": [WEATHER],
-            "tool_choice": "required", "temperature": 0.8, "seed": seed, "max_tokens": 80}
+    body = {
+        "messages": [{"role": "user", "content": "What's the weather in Oslo?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0.8,
+        "seed": seed,
+        "max_tokens": 80,
+    }
     r = chat(node, body).json()
     assert r["choices"][0]["finish_reason"] == "tool_calls"
     _assert_weather_call(r["choices"][0]["message"]["tool_calls"][0])
 
 
 def test_it_streams_tool_calls_as_deltas(node) -> None:
-    body = {"messages": [{"role": "user", "content": "Weather in Lima please"}], "tools": [WEATHER],
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "temperature": 0, "max_tokens": 80}
+    body = {
+        "messages": [{"role": "user", "content": "Weather in Lima please"}],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "temperature": 0,
+        "max_tokens": 80,
+    }
     events = stream_events(node, body)
-    parts = [tc for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+    parts = [
+        tc
+        for e in events
+        if e["choices"]
+        for tc in e["choices"][0]["delta"].get("tool_calls") or []
+    ]
     assert parts[0]["id"].startswith("call_")
-    call = {"type": "function", "function": {"name": parts[0]["function"]["name"],
-                                              "arguments": "".join(p["function"]["arguments"] for p in parts)}}
+    call = {
+        "type": "function",
+        "function": {
+            "name": parts[0]["function"]["name"],
+            "arguments": "".join(p["function"]["arguments"] for p in parts),
+        },
+    }
     _assert_weather_call(call)
     assert [e for e in events if e["choices"]][-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_it_constrains_output_to_a_json_schema(node) -> None:
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]}
-    r = chat(node, {"messages": [{"role": "user", "content": "Invent a person."}], "max_tokens": 60,
-                    "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    r = chat(
+        node,
+        {
+            "messages": [{"role": "user", "content": "Invent a person."}],
+            "max_tokens": 60,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": schema},
+            },
+        },
+    )
     data = json.loads(r.json()["choices"][0]["message"]["content"])
     assert isinstance(data["name"], str) and isinstance(data["age"], int)
 
 
 def test_it_stops_generating_when_the_client_goes_away(node) -> None:
-    body = {"messages": [{"role": "user", "content": "Write a long story about dragons."}],
-            "max_tokens": 800, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story about dragons."}],
+        "max_tokens": 800,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{node.url}/v1/chat/completions", json=body, timeout=60) as response:
-        for _ in zip(range(5), response.iter_lines()):
+        for _ in zip(range(5), response.iter_lines(), strict=False):
             pass
     deadline = time.monotonic() + 5
     active = None
@@ -182,11 +286,18 @@ def test_it_stops_generating_when_the_client_goes_away(node) -> None:
 def test_it_answers_503_with_retry_after_past_its_queue_bound(tmp_path) -> None:
     small = start_node("node-q", tmp_path, extra_args=["--sequences", "1", "--max-queue", "1"])
     try:
-        body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200,
-                "stream": True}
-        with httpx.stream("POST", f"{small.url}/v1/chat/completions", json=body, timeout=60) as running:
+        body = {
+            "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": 200,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", f"{small.url}/v1/chat/completions", json=body, timeout=60
+        ) as running:
             next(running.iter_lines())  # admitted and generating
-            with httpx.stream("POST", f"{small.url}/v1/chat/completions", json=body, timeout=60) as queued:
+            with httpx.stream(
+                "POST", f"{small.url}/v1/chat/completions", json=body, timeout=60
+            ) as queued:
                 assert queued.status_code == 200 and small.url  # waits in the queue
                 refused = chat(small, {"messages": [{"role": "user", "content": "x"}]})
         assert refused.status_code == 503
