@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from control_plane import ControlPlane
 from harness import emit, percentile, start_node, stream_chat
 from multiturn import SYSTEM, turn_message
@@ -35,17 +34,25 @@ from multiturn import SYSTEM, turn_message
 NODE_ARGS = ["--sequences", "6", "--ctx-per-seq", "3072", "--host-ram-mib", "256"]
 
 
-async def session(client, pick, sid: int, turns: int, max_tokens: int, mode: str, out: dict) -> None:
+async def session(
+    client, pick, sid: int, turns: int, max_tokens: int, mode: str, out: dict
+) -> None:
     messages = [{"role": "system", "content": SYSTEM}]
     for turn in range(turns):
         messages.append(turn_message(sid, turn))
         url, headers = pick()
-        body = {"model": "smollm2-135m-instruct-q4_1", "messages": messages,
-                "max_tokens": max_tokens, "temperature": 0.7, "seed": sid * 100 + turn}
+        body = {
+            "model": "smollm2-135m-instruct-q4_1",
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.7,
+            "seed": sid * 100 + turn,
+        }
         start = time.perf_counter()
         try:
-            result = await stream_chat(client, url, body,
-                                       headers={**headers, "X-Session-Id": f"{mode}-{sid}"})
+            result = await stream_chat(
+                client, url, body, headers={**headers, "X-Session-Id": f"{mode}-{sid}"}
+            )
         except httpx.HTTPError:
             out["failed"] += 1
             messages.append({"role": "assistant", "content": "(failed)"})
@@ -59,14 +66,19 @@ async def measure(mode: str, pickers, sessions: int, turns: int, max_tokens: int
     out: dict = {"latencies": [], "ok": 0, "failed": 0}
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.perf_counter()
-        await asyncio.gather(*(session(client, pickers(s), s, turns, max_tokens, mode, out)
-                               for s in range(sessions)))
+        await asyncio.gather(
+            *(session(client, pickers(s), s, turns, max_tokens, mode, out) for s in range(sessions))
+        )
         wall = time.perf_counter() - start
     lat = out["latencies"]
-    return {"turns_ok": out["ok"], "turns_failed": out["failed"],
-            "success_rate": round(out["ok"] / max(1, out["ok"] + out["failed"]), 3),
-            "mean_turn_s": round(sum(lat) / max(1, len(lat)), 3),
-            "p95_turn_s": round(percentile(lat, 95), 3), "wall_s": round(wall, 2)}
+    return {
+        "turns_ok": out["ok"],
+        "turns_failed": out["failed"],
+        "success_rate": round(out["ok"] / max(1, out["ok"] + out["failed"]), 3),
+        "mean_turn_s": round(sum(lat) / max(1, len(lat)), 3),
+        "p95_turn_s": round(percentile(lat, 95), 3),
+        "wall_s": round(wall, 2),
+    }
 
 
 def main() -> None:
@@ -79,29 +91,47 @@ def main() -> None:
     plane = None
     try:
         addresses = {p.log_path.stem: p.url.removeprefix("http://") for p in nodes}
-        plane = ControlPlane(addresses, log_dir, policy={"health_interval_s": 1.0, "canary_idle_s": 0})
+        plane = ControlPlane(
+            addresses, log_dir, policy={"health_interval_s": 1.0, "canary_idle_s": 0}
+        )
         urls = [p.url for p in nodes]
         rr = itertools.cycle(urls)
         rng = random.Random(7)
         pickers = {
-            "pinned": lambda s: (lambda: (plane.url, plane.headers)),
-            "round_robin": lambda s: (lambda: (next(rr), {})),
-            "random": lambda s: (lambda: (rng.choice(urls), {})),
+            "pinned": lambda s: lambda: (plane.url, plane.headers),
+            "round_robin": lambda s: lambda: (next(rr), {}),
+            "random": lambda s: lambda: (rng.choice(urls), {}),
         }
-        results = {mode: asyncio.run(measure(mode, pick, sessions, turns, max_tokens))
-                   for mode, pick in pickers.items()}
+        results = {
+            mode: asyncio.run(measure(mode, pick, sessions, turns, max_tokens))
+            for mode, pick in pickers.items()
+        }
     finally:
         if plane is not None:
             plane.stop()
         for proc in nodes:
             proc.stop()
     for mode, r in results.items():
-        print(f"{mode:12s} mean turn {r['mean_turn_s']} s, p95 {r['p95_turn_s']} s, "
-              f"success {r['success_rate']}")
-    emit({"bench": "affinity", "quick": args.quick, "nodes": 3, "sessions": sessions,
-          "turns": turns, **results,
-          "ratio_vs_random": round(results["random"]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2),
-          "ratio": round(results["round_robin"]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2)})
+        print(
+            f"{mode:12s} mean turn {r['mean_turn_s']} s, p95 {r['p95_turn_s']} s, "
+            f"success {r['success_rate']}"
+        )
+    emit(
+        {
+            "bench": "affinity",
+            "quick": args.quick,
+            "nodes": 3,
+            "sessions": sessions,
+            "turns": turns,
+            **results,
+            "ratio_vs_random": round(
+                results["random"]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2
+            ),
+            "ratio": round(
+                results["round_robin"]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2
+            ),
+        }
+    )
 
 
 if __name__ == "__main__":

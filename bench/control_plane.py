@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from harness import Proc, free_port, spawn  # noqa: F401
 
 PACKAGE = "smollm2-135m-instruct-q4_1"
@@ -26,8 +25,11 @@ TOKEN = "bench-token"
 class ControlPlane:
     def __init__(self, nodes: dict[str, str], log_dir: Path, *, policy: dict | None = None) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="phalanx-home-"))
-        self.env = {"PHALANX_HOME": str(self.home), "PHALANX_API_TOKEN": TOKEN,
-                    "DJANGO_SETTINGS_MODULE": "console.settings"}
+        self.env = {
+            "PHALANX_HOME": str(self.home),
+            "PHALANX_API_TOKEN": TOKEN,
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+        }
         repo = Path(__file__).resolve().parents[1]
         setup = (
             "import django, json, sys; django.setup()\n"
@@ -47,21 +49,41 @@ class ControlPlane:
         )
         import json
 
-        subprocess.run([sys.executable, "-c", setup, json.dumps(nodes), json.dumps(policy or {})],
-                       cwd=repo, env={**os.environ, **self.env}, check=True)
+        subprocess.run(
+            [sys.executable, "-c", setup, json.dumps(nodes), json.dumps(policy or {})],
+            cwd=repo,
+            env={**os.environ, **self.env},
+            check=True,
+        )
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.headers = {"Authorization": f"Bearer {TOKEN}"}
-        self.loop = spawn([sys.executable, "manage.py", "controlloop"], log_dir / "controlloop.log",
-                          env=self.env)
-        self.server = spawn([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                             "console.asgi:application"], log_dir / "daphne.log", env=self.env)
+        self.loop = spawn(
+            [sys.executable, "manage.py", "controlloop"], log_dir / "controlloop.log", env=self.env
+        )
+        self.server = spawn(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "console.asgi:application",
+            ],
+            log_dir / "daphne.log",
+            env=self.env,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.server.popen.poll() is not None:
                 raise RuntimeError(self.server.log()[-3000:])
             try:
-                if httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=1).status_code == 200:
+                if (
+                    httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=1).status_code
+                    == 200
+                ):
                     time.sleep(2.5)  # let the control loop scrape every node's load once
                     return
             except httpx.HTTPError:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from control_plane import ControlPlane
 from harness import emit, percentile, start_node, stream_chat
 
@@ -27,25 +26,40 @@ PROMPT = "Write a short story about a lighthouse keeper and a storm, in plain pr
 
 
 async def measure(node_url: str, plane: ControlPlane, requests: int, max_tokens: int) -> dict:
-    data: dict[str, dict[str, list[float]]] = {m: {"ttft": [], "tps": []} for m in ("direct", "proxied")}
-    body = {"model": "smollm2-135m-instruct-q4_1", "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": max_tokens, "temperature": 0, "seed": 1}
+    data: dict[str, dict[str, list[float]]] = {
+        m: {"ttft": [], "tps": []} for m in ("direct", "proxied")
+    }
+    body = {
+        "model": "smollm2-135m-instruct-q4_1",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 1,
+    }
     async with httpx.AsyncClient(timeout=120) as client:
         for i in range(requests + 2):  # two warm-up rounds
-            for mode in (("direct", "proxied") if i % 2 else ("proxied", "direct")):
+            for mode in ("direct", "proxied") if i % 2 else ("proxied", "direct"):
                 url, headers = (node_url, {}) if mode == "direct" else (plane.url, plane.headers)
-                result = await stream_chat(client, url, body,
-                                           headers={**headers, "X-Session-Id": f"{mode}-{i}-{time.time_ns()}"})
+                result = await stream_chat(
+                    client,
+                    url,
+                    body,
+                    headers={**headers, "X-Session-Id": f"{mode}-{i}-{time.time_ns()}"},
+                )
                 if i < 2 or result.tokens < 2:
                     continue
                 data[mode]["ttft"].append(result.ttft_s * 1000)
-                data[mode]["tps"].append((result.tokens - 1) / max(1e-9, result.total_s - result.ttft_s))
+                data[mode]["tps"].append(
+                    (result.tokens - 1) / max(1e-9, result.total_s - result.ttft_s)
+                )
     summary = {}
     for mode, d in data.items():
-        summary[mode] = {"ttft_p50_ms": round(percentile(d["ttft"], 50), 2),
-                         "ttft_p95_ms": round(percentile(d["ttft"], 95), 2),
-                         "decode_tokens_per_s_p50": round(percentile(d["tps"], 50), 1),
-                         "requests": len(d["ttft"])}
+        summary[mode] = {
+            "ttft_p50_ms": round(percentile(d["ttft"], 50), 2),
+            "ttft_p95_ms": round(percentile(d["ttft"], 95), 2),
+            "decode_tokens_per_s_p50": round(percentile(d["tps"], 50), 1),
+            "requests": len(d["ttft"]),
+        }
     return summary
 
 
@@ -58,19 +72,33 @@ def main() -> None:
     node = start_node("node-01", log_dir, extra_args=["--sequences", "2", "--ctx-per-seq", "1024"])
     plane = None
     try:
-        plane = ControlPlane({"node-01": node.url.removeprefix("http://")}, log_dir,
-                             policy={"health_interval_s": 2.0, "canary_idle_s": 0})
+        plane = ControlPlane(
+            {"node-01": node.url.removeprefix("http://")},
+            log_dir,
+            policy={"health_interval_s": 2.0, "canary_idle_s": 0},
+        )
         result = asyncio.run(measure(node.url, plane, requests, max_tokens))
     finally:
         if plane is not None:
             plane.stop()
         node.stop()
     added = result["proxied"]["ttft_p50_ms"] - result["direct"]["ttft_p50_ms"]
-    ratio = result["proxied"]["decode_tokens_per_s_p50"] / max(1e-9, result["direct"]["decode_tokens_per_s_p50"])
-    print(f"TTFT P50 direct {result['direct']['ttft_p50_ms']} ms, proxied {result['proxied']['ttft_p50_ms']} ms "
-          f"(+{added:.2f} ms); decode ratio {ratio:.3f}")
-    emit({"bench": "proxy_overhead", "quick": args.quick, **result,
-          "added_ttft_p50_ms": round(added, 2), "ratio": round(ratio, 3)})
+    ratio = result["proxied"]["decode_tokens_per_s_p50"] / max(
+        1e-9, result["direct"]["decode_tokens_per_s_p50"]
+    )
+    print(
+        f"TTFT P50 direct {result['direct']['ttft_p50_ms']} ms, proxied {result['proxied']['ttft_p50_ms']} ms "
+        f"(+{added:.2f} ms); decode ratio {ratio:.3f}"
+    )
+    emit(
+        {
+            "bench": "proxy_overhead",
+            "quick": args.quick,
+            **result,
+            "added_ttft_p50_ms": round(added, 2),
+            "ratio": round(ratio, 3),
+        }
+    )
 
 
 if __name__ == "__main__":
