@@ -14,12 +14,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.processes import (
+from tests.support.processes import (  # noqa: E402
     Proc,
     bundled_model_path,
     free_port,
     spawn,
-)  # noqa: E402,F401
+    start_node,
+    wait_healthy,
+)
+
+__all__ = ["Proc", "bundled_model_path", "free_port", "spawn", "start_node", "wait_healthy"]
 
 
 def percentile(values: list[float], q: float) -> float:

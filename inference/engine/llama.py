@@ -131,6 +131,7 @@ class ContextShape:
     ctx_per_seq: int
     n_batch: int = 512
     threads: int = 1
+    kv_unified: bool = False
 
 
 class LlamaContext:
@@ -144,10 +145,10 @@ class LlamaContext:
         params.n_seq_max = shape.sequences
         params.n_threads = shape.threads
         params.n_threads_batch = shape.threads
-        # One KV stream per sequence: a token attends only to its own sequence's cells. A unified
-        # cache makes every token attend to all used cells (masked), which costs several times
-        # more at 8 sequences of 1,000 tokens (llama.cpp PR 14363 notes the same).
-        params.kv_unified = False
+        # Default: one KV stream per sequence, so a token attends only to its own sequence's
+        # cells. A unified cache makes every token attend to all used cells (masked): faster for
+        # short sequences, slower for long agent sessions (docs/engine.md has the figures).
+        params.kv_unified = shape.kv_unified
         params.no_perf = True
         self.model = model
         self.shape = shape
@@ -176,10 +177,15 @@ class LlamaContext:
         C.llama_memory_seq_rm(self.memory, seq_id, keep, -1)
 
     def seq_share(self, src: int, dst: int, count: int) -> None:
-        """Give ``dst`` a copy of the first ``count`` cells of ``src``.
+        """Give ``dst`` the first ``count`` cells of ``src``.
 
-        Sequences live in separate KV streams, and llama.cpp copies across streams only whole
-        buffers, so the copy goes through the per-sequence state (only the used cells)."""
+        In a unified cache the cells are shared (``llama_memory_seq_cp``, no copy). With one
+        stream per sequence llama.cpp copies across streams only whole buffers, so the copy goes
+        through the per-sequence state (only the used cells), then is truncated."""
+        if self.shape.kv_unified:
+            self.seq_truncate(dst, 0)
+            C.llama_memory_seq_cp(self.memory, src, dst, 0, count)
+            return
         self.state_import(dst, self.state_export(src))
         self.seq_truncate(dst, count)
 
@@ -222,10 +228,15 @@ class TokenBatch:
         return self.capacity - self.size
 
     def seq_share(self, src: int, dst: int, count: int) -> None:
-        """Give ``dst`` a copy of the first ``count`` cells of ``src``.
+        """Give ``dst`` the first ``count`` cells of ``src``.
 
-        Sequences live in separate KV streams, and llama.cpp copies across streams only whole
-        buffers, so the copy goes through the per-sequence state (only the used cells)."""
+        In a unified cache the cells are shared (``llama_memory_seq_cp``, no copy). With one
+        stream per sequence llama.cpp copies across streams only whole buffers, so the copy goes
+        through the per-sequence state (only the used cells), then is truncated."""
+        if self.shape.kv_unified:
+            self.seq_truncate(dst, 0)
+            C.llama_memory_seq_cp(self.memory, src, dst, 0, count)
+            return
         self.state_import(dst, self.state_export(src))
         self.seq_truncate(dst, count)
 

@@ -45,6 +45,7 @@ class EngineConfig:
     host_ram_mib: int = 256
     max_queue: int = 64
     prefix_reuse: bool = True
+    kv_unified: bool = False
 
 
 class QueueFull(RuntimeError):
@@ -236,7 +237,9 @@ class Engine:
     def _load(self) -> None:
         cfg = self.config
         self.model = LlamaModel(cfg.model_path)
-        shape = ContextShape(cfg.sequences, cfg.ctx_per_seq, cfg.n_batch, cfg.threads)
+        shape = ContextShape(
+            cfg.sequences, cfg.ctx_per_seq, cfg.n_batch, cfg.threads, cfg.kv_unified
+        )
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024)
         self.table = SequenceTable(self.ctx, cfg.sequences, host, prefix_reuse=cfg.prefix_reuse)

@@ -22,6 +22,17 @@ def parse_cpu_set(text: str) -> set[int]:
     return cpus
 
 
+def kv_unified_for(choice: str, ctx_per_seq: int) -> bool:
+    """``auto``: a unified KV buffer when sequences are short (<= 1024 tokens), where it decodes
+    faster; one stream per sequence for long agent sessions (figures in docs/engine.md)."""
+    if choice == "auto":
+        return ctx_per_seq <= UNIFIED_KV_MAX_CTX
+    return choice == "on"
+
+
+UNIFIED_KV_MAX_CTX = 1024
+
+
 class Command(BaseCommand):
     help = "Run a node agent: load a GGUF package into the engine and serve the node protocol."
 
@@ -41,6 +52,12 @@ class Command(BaseCommand):
         parser.add_argument("--prefill-chunk", type=int, default=256)
         parser.add_argument("--host-ram-mib", type=int, default=256)
         parser.add_argument("--max-queue", type=int, default=64)
+        parser.add_argument(
+            "--kv-unified",
+            choices=["auto", "on", "off"],
+            default="auto",
+            help="one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
+        )
         parser.add_argument(
             "--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)"
         )
@@ -66,6 +83,7 @@ class Command(BaseCommand):
             host_ram_mib=o["host_ram_mib"],
             max_queue=o["max_queue"],
             prefix_reuse=not o["no_prefix_reuse"],
+            kv_unified=kv_unified_for(o["kv_unified"], o["ctx_per_seq"]),
         )
         package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
         engine = Engine(config)

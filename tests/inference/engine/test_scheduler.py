@@ -197,3 +197,19 @@ def test_it_prefills_a_system_prompt_once_for_sessions_that_arrive_together(
     results = [r.wait()[1] for r in runs]
     system_tokens = len(driver.tokens([system]))
     assert sorted(r.cached_tokens >= system_tokens - 8 for r in results) == [False, True, True]
+
+
+def test_it_shares_prefixes_in_a_unified_kv_cache_too() -> None:
+    engine = make_engine(sequences=2, kv_unified=True)
+    try:
+        d = EngineDriver(engine)
+        system = {"role": "system", "content": "You are a careful agent. " * 30}
+        first = d.chat([system, *user("Plan a trip to Rome.")], session="u-a")
+        second = d.chat([system, *user("Plan a trip to Oslo.")], session="u-b")
+        assert first.cached_tokens == 0
+        assert second.cached_tokens >= len(d.tokens([system])) - 8
+        history = [system, *user("Plan a trip to Rome."), {"role": "assistant", "content": first.text}]
+        third = d.chat([*history, *user("Budget?")], session="u-a")
+        assert third.cached_tokens > first.prompt_tokens - 2
+    finally:
+        engine.stop()
