@@ -134,9 +134,7 @@ def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
     the event, or None when it already was so. Raises ``NotFound``."""
     _node(node_id)
     service = node_services.node_drain if drained else node_services.node_undrain
-    event = service(node_id=node_id)
-    live_node_changed(node_id=node_id, event=event)
-    return event
+    return service(node_id=node_id)  # the node service sends the live event
 
 
 # --- tokens ---------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _database_from_env() -> dict:
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": VAR_DIR / "phalanx.sqlite3",
-        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from asgiref.sync import sync_to_async
 
+from console.prometheus import metric_inc
 from inference import services
 from inference.errors import ArrayFull, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
@@ -244,6 +245,7 @@ async def upstream_open(
     exclude: dict[str, str] = {}
     for attempt in range(policy.max_attempts):
         if attempt:
+            metric_inc("phalanx_proxy_retries_total")
             await asyncio.sleep(
                 min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
             )

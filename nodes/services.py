@@ -5,13 +5,17 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from console.live import live_node_changed
 from nodes.client import ProbeResult
 from nodes.models import Node, NodeEvent
 
 
 def _set_state(node: Node, state: str, kind: str, message: str) -> NodeEvent:
+    """Change a node's state, log the event, and tell open console pages once it commits."""
     node.state = state
-    return NodeEvent.objects.create(node=node, kind=kind, message=message)
+    event = NodeEvent.objects.create(node=node, kind=kind, message=message)
+    live_node_changed(node_id=node.node_id, event=event)
+    return event
 
 
 @transaction.atomic
