@@ -70,7 +70,7 @@ class Command(BaseCommand):
             for line in describe(result):
                 self.stdout.write(line)
             self.stdout.write(
-                f"console: http://{host}:{port}/admin/" + ("" if ready else " (not answering yet)")
+                f"console: http://{host}:{port}/" + ("" if ready else " (not answering yet)")
             )
             self.stdout.write(f"OpenAI base URL: http://{host}:{port}/v1")
             self.stdout.write("Ctrl-C stops everything.")
