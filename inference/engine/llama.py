@@ -227,19 +227,6 @@ class TokenBatch:
     def room(self) -> int:
         return self.capacity - self.size
 
-    def seq_share(self, src: int, dst: int, count: int) -> None:
-        """Give ``dst`` the first ``count`` cells of ``src``.
-
-        In a unified cache the cells are shared (``llama_memory_seq_cp``, no copy). With one
-        stream per sequence llama.cpp copies across streams only whole buffers, so the copy goes
-        through the per-sequence state (only the used cells), then is truncated."""
-        if self.shape.kv_unified:
-            self.seq_truncate(dst, 0)
-            C.llama_memory_seq_cp(self.memory, src, dst, 0, count)
-            return
-        self.state_import(dst, self.state_export(src))
-        self.seq_truncate(dst, count)
-
     def clear(self) -> None:
         self.size = 0
         self.raw.n_tokens = 0
