@@ -37,7 +37,9 @@ NODE_ARGS = ["--sequences", "6", "--ctx-per-seq", "3072", "--host-ram-mib", "256
 async def session(
     client, pick, sid: int, turns: int, max_tokens: int, mode: str, out: dict
 ) -> None:
-    messages = [{"role": "system", "content": SYSTEM}]
+    # Each mode opens its own system prompt, so no mode reuses KV left on the nodes by another
+    # (the engine shares any cached prefix across sessions).
+    messages = [{"role": "system", "content": f"[run: {mode}] {SYSTEM}"}]
     for turn in range(turns):
         messages.append(turn_message(sid, turn))
         url, headers = pick()
