@@ -197,11 +197,10 @@ def route_resolve(
     """
     policy = policy or RoutingPolicy.load()
     limits = routing_limits(policy)
-    nodes, addresses = nodes_for_routing(
-        stale_after_s=max(3 * policy.health_interval_s, 10.0), inflight=inflight
-    )
+    stale_after_s = max(3 * policy.health_interval_s, 10.0)
     retry_after = max(1, round(policy.health_interval_s))
     if session_id is None:
+        nodes, addresses = nodes_for_routing(stale_after_s=stale_after_s, inflight=inflight)
         decision = _decide(nodes, model=model, exclude=exclude, limits=limits, session=False)
         return RouteTarget(decision.node_id, addresses[decision.node_id], model, decision)
     now = timezone.now()
@@ -209,6 +208,13 @@ def route_resolve(
         route, created = SessionRoute.objects.select_for_update().get_or_create(
             session_id=session_id
         )
+        if route.node_id is None:
+            # Placements must see each other: requests run in parallel threads (and replicas),
+            # and sessions that arrive together would otherwise all read the same pinned
+            # counts and land on one node. Row locks serialize them on PostgreSQL; SQLite's
+            # BEGIN IMMEDIATE (settings) already serializes every write transaction.
+            list(Node.objects.select_for_update().values_list("pk", flat=True))
+        nodes, addresses = nodes_for_routing(stale_after_s=stale_after_s, inflight=inflight)
         if (
             not created
             and route.node_id is not None

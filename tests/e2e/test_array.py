@@ -6,6 +6,7 @@ checks pinning, spreading, KV reuse on the second turn and failover after a node
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -100,6 +101,24 @@ def test_it_spreads_new_sessions_over_both_nodes(array) -> None:
         turn(array, f"e2e-spread-{i}", [{"role": "user", "content": "Hi"}])[0] for i in range(4)
     }
     assert seen == {"node-01", "node-02"}
+
+
+def test_it_spreads_sessions_that_arrive_together(array) -> None:
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        r = await client.post(
+            f"{array['base']}/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            headers={"Authorization": f"Bearer {TOKEN}", "X-Session-Id": f"e2e-burst-{i}"},
+        )
+        assert r.status_code == 200, r.text
+        return r.headers["x-phalanx-node"]
+
+    async def burst() -> list[str]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(8)))
+
+    nodes = asyncio.run(burst())
+    assert min(nodes.count("node-01"), nodes.count("node-02")) >= 3, nodes
 
 
 def test_it_streams_token_by_token_through_the_sdk(array) -> None:
