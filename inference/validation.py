@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inference.engine.text import has_unpaired_surrogate
 from inference.errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -27,7 +28,16 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any]:
         raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(data, dict):
         raise BadRequest("Request body must be a JSON object.", code="invalid_json")
+    _check_encodable(data)
     return data
+
+
+def _check_encodable(data: Any) -> None:
+    if has_unpaired_surrogate(data):
+        raise BadRequest(
+            "The JSON holds an unpaired UTF-16 surrogate (e.g. \\ud800); it is not valid text.",
+            code="invalid_json",
+        )
 
 
 def _check_number(body: Mapping[str, Any], key: str, *, integer: bool, minimum: float) -> None:
@@ -128,6 +138,7 @@ def parse_ws_message(data: Any) -> WsTurn:
     """
     if not isinstance(data, dict):
         raise BadRequest("Message must be a JSON object.", code="invalid_json")
+    _check_encodable(data)
     kind = data.get("type", "user")
     if kind != "user":
         raise BadRequest(

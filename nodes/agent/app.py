@@ -11,6 +11,7 @@ from typing import Any
 
 from inference.engine.scheduler import Engine, Failed, Finished, QueueFull, TextDelta
 from inference.engine.sequences import SessionBusy, pack_state, unpack_state
+from inference.engine.text import has_unpaired_surrogate
 from nodes.agent.asgi_io import (
     SSE_DONE,
     BodyTooLarge,
@@ -289,11 +290,16 @@ class NodeApp:
 def _json_body(raw: bytes) -> object:
     """The decoded body; ``BadRequest`` when it is not UTF-8 JSON."""
     try:
-        return json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the body is not UTF-8: {exc}", code="invalid_json") from exc
     except json.JSONDecodeError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
+    if has_unpaired_surrogate(body):
+        raise BadRequest(
+            "the body holds an unpaired UTF-16 surrogate (e.g. \\ud800)", code="invalid_json"
+        )
+    return body
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

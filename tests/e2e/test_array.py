@@ -155,6 +155,20 @@ def test_it_chats_over_the_websocket_with_a_server_side_transcript(array) -> Non
     assert done_events[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+def test_it_answers_an_unpaired_surrogate_with_400_and_an_error_event(array) -> None:
+    raw = b'{"model": "smollm2-135m-instruct-q4_1", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    r = httpx.post(
+        f"{array['base']}/v1/chat/completions",
+        content=raw,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+    with connect(f"ws://127.0.0.1:{array['port']}/ws/sessions/e2e-bad/?token={TOKEN}") as ws:
+        ws.send('{"type": "user", "content": "\\ud800"}')
+        event = json.loads(ws.recv(timeout=30))
+    assert event["type"] == "error" and "surrogate" in event["message"]
+
+
 def test_it_rejects_a_wrong_token(array) -> None:
     r = httpx.post(
         f"{array['base']}/v1/chat/completions",

@@ -305,3 +305,9 @@ def test_it_answers_503_with_retry_after_past_its_queue_bound(tmp_path) -> None:
         assert "queue is full" in refused.json()["error"]["message"]
     finally:
         small.stop()
+
+
+def test_it_rejects_an_unpaired_surrogate(node) -> None:
+    raw = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    r = httpx.post(f"{node.url}/v1/chat/completions", content=raw, timeout=30)
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
