@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -169,6 +170,19 @@ def control_loop_command() -> list[str]:
     return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "controlloop"]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when ``up`` dies, even by SIGKILL
+    (``prctl(PR_SET_PDEATHSIG)``), so no orphan keeps the array's ports. No-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
 @dataclass
 class Supervisor:
     """Starts child processes in their own process groups and stops them all together."""
@@ -176,7 +190,9 @@ class Supervisor:
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
     def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(list(argv), cwd=settings.BASE_DIR, start_new_session=True)
+        process = subprocess.Popen(
+            list(argv), cwd=settings.BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent
+        )
         self.children.append((name, process))
         return process
 
