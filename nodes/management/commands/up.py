@@ -13,6 +13,8 @@ import time
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from nodes.client import probe
+from nodes.control import ControlLoop
 from nodes.embedded import (
     Supervisor,
     array_bootstrap,
@@ -37,7 +39,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--nodes", type=int, default=2)
-        parser.add_argument("--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1")
+        parser.add_argument(
+            "--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1"
+        )
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1", help="control plane bind address")
         parser.add_argument(
@@ -67,6 +71,7 @@ class Command(BaseCommand):
                     node_command(node, model_path=result.model_path, package=result.package),
                 )
             ready = wait_for_port(host, port, timeout=60)
+            self._wait_for_nodes(result.nodes, supervisor)
             for line in describe(result):
                 self.stdout.write(line)
             self.stdout.write(
@@ -84,6 +89,23 @@ class Command(BaseCommand):
             self.stdout.write("all processes stopped")
         if code:
             raise CommandError(f"a core process exited with status {code}")
+
+    def _wait_for_nodes(self, nodes: list, supervisor: Supervisor, timeout: float = 180.0) -> None:
+        """Block until every node answers ``/health`` 200 (model loaded) or ``timeout`` s pass,
+        then run one health-check round so they are marked up before we say we are ready."""
+        deadline = time.monotonic() + timeout
+        waiting = {n.node_id: n.address for n in nodes}
+        while waiting and time.monotonic() < deadline and not supervisor.exited():
+            for node_id, address in list(waiting.items()):
+                if probe(address, timeout=1.0).ok:
+                    self.stdout.write(f"{node_id} ready")
+                    del waiting[node_id]
+            time.sleep(0.3)
+        for node_id in waiting:
+            self.stderr.write(
+                f"{node_id} not ready after {timeout:.0f} s; the control loop keeps checking"
+            )
+        ControlLoop().tick()
 
     def _watch(self, supervisor: Supervisor) -> int:
         """Wait; a node that exits is reported (the control loop marks it down); the control
