@@ -305,7 +305,8 @@ def _package_for(model_path: str, report: ApplyReport) -> ModelPackage | None:
         return package
     path = Path(model_path)
     if path.is_file():
-        from console.services import file_sha256, package_register_file
+        from console.services import package_register_file
+        from inference.bundled import file_sha256
 
         version = file_sha256(path)[:12]
         name = slugify(path.stem.lower())[:128] or "model"
@@ -376,8 +377,8 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
         cpu_set=wanted["cpu_set"],
         threads=wanted["threads"],
         weight=wanted["weight"],
+        affinity=wanted["affinity"],
     )
-    Node.objects.filter(pk=saved.pk).update(weight=wanted["weight"], affinity=wanted["affinity"])
     live_node_changed(node_id=spec.node_id, event=saved.events.first() if node is None else None)
 
 

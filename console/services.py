@@ -7,7 +7,6 @@ Errors: ``console.errors.Invalid`` (names the field), ``NotFound``, ``Conflict``
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from console.errors import Conflict, Invalid, NotFound
 from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services
+from inference.bundled import file_sha256
 from inference.gguf_meta import read_gguf_info
 from inference.models import ApiToken, ModelPackage
 from nodes import services as node_services
@@ -86,10 +86,8 @@ def node_create(
         cpu_set=cpu_set,
         threads=threads,
         weight=weight,
+        affinity=affinity,
     )
-    if node.affinity != affinity:
-        node.affinity = affinity
-        node.save(update_fields=["affinity", "updated_at"])
     live_node_changed(node_id=node_id, event=node.events.first())
     return node
 
@@ -114,8 +112,8 @@ def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
         cpu_set=draft.cpu_set,
         threads=draft.threads,
         weight=draft.weight,
+        affinity=draft.affinity,
     )
-    Node.objects.filter(node_id=node_id).update(weight=draft.weight, affinity=draft.affinity)
     live_node_changed(node_id=node_id)
     return _node(node_id)
 
@@ -171,15 +169,6 @@ def token_role(token: ApiToken) -> Role:
 
 
 # --- packages -------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[ModelPackage, bool]:

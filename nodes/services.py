@@ -139,6 +139,7 @@ def node_upsert(
     cpu_set: str = "",
     threads: int = 1,
     weight: float = 1.0,
+    affinity: bool = True,
 ) -> tuple[Node, bool]:
     """Create or update a node by id (idempotent); returns ``(node, created)``.
 
@@ -153,6 +154,7 @@ def node_upsert(
             cpu_set=cpu_set,
             threads=threads,
             weight=weight,
+            affinity=affinity,
         )
         NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
         return node, True
@@ -166,5 +168,6 @@ def node_upsert(
         cpu_set,
         threads,
     )
+    node.weight, node.affinity = weight, affinity
     node.save()
     return node, False
