@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import Proc, free_port, spawn  # noqa: F401
+from harness import Proc, free_port, spawn, start_control_plane  # noqa: F401
 
 PACKAGE = "smollm2-135m-instruct-q4_1"
 TOKEN = "bench-token"
@@ -61,20 +61,7 @@ class ControlPlane:
         self.loop = spawn(
             [sys.executable, "manage.py", "controlloop"], log_dir / "controlloop.log", env=self.env
         )
-        self.server = spawn(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "console.asgi:application",
-            ],
-            log_dir / "daphne.log",
-            env=self.env,
-        )
+        self.server = start_control_plane(port, log_dir, env=self.env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.server.popen.poll() is not None:

@@ -19,11 +19,20 @@ from tests.support.processes import (  # noqa: E402
     bundled_model_path,
     free_port,
     spawn,
+    start_control_plane,
     start_node,
     wait_healthy,
 )
 
-__all__ = ["Proc", "bundled_model_path", "free_port", "spawn", "start_node", "wait_healthy"]
+__all__ = [
+    "Proc",
+    "bundled_model_path",
+    "free_port",
+    "spawn",
+    "start_control_plane",
+    "start_node",
+    "wait_healthy",
+]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -18,7 +18,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import REPO, Proc, free_port, spawn, start_node, wait_healthy
+from tests.support.processes import (
+    REPO,
+    Proc,
+    free_port,
+    spawn,
+    start_control_plane,
+    start_node,
+    wait_healthy,
+)
 
 CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -100,20 +108,7 @@ def array(tmp_path_factory) -> Iterator[Array]:
     )
     port = free_port()
     extra = {"PHALANX_HOME": str(home)}
-    daphne = spawn(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "console.asgi:application",
-        ],
-        home / "daphne.log",
-        env=extra,
-    )
+    daphne = start_control_plane(port, home, env=extra)
     loop = spawn([*manage, "controlloop"], home / "controlloop.log", env=extra)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -115,3 +115,21 @@ def start_node(
     if wait:
         wait_healthy(proc.url, proc)
     return proc
+
+
+def start_control_plane(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
+    """Start the control plane (``daphne console.asgi:application``) on 127.0.0.1:``port``;
+    returns at once (callers wait for what they need: ``/health``, ``/v1/models``...)."""
+    args = [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "console.asgi:application",
+    ]
+    proc = spawn(args, log_dir / "daphne.log", env=env)
+    proc.url = f"http://127.0.0.1:{port}"
+    return proc
