@@ -11,7 +11,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -205,30 +205,16 @@ def route_resolve(
         return RouteTarget(decision.node_id, addresses[decision.node_id], model, decision)
     now = timezone.now()
     with transaction.atomic():
-        route, created = SessionRoute.objects.select_for_update().get_or_create(
-            session_id=session_id
+        route, created = (
+            SessionRoute.objects.select_for_update()
+            .select_related("node")
+            .get_or_create(session_id=session_id)
         )
+        if not created:
+            _release_if_idle(route, now=now, idle_after_s=policy.session_idle_release_s)
         if route.node_id is None:
-            # Placements must see each other: requests run in parallel threads (and replicas),
-            # and sessions that arrive together would otherwise all read the same pinned
-            # counts and land on one node. Row locks serialize them on PostgreSQL; SQLite's
-            # BEGIN IMMEDIATE (settings) already serializes every write transaction.
-            list(Node.objects.select_for_update().values_list("pk", flat=True))
+            _serialize_placements()
         nodes, addresses = nodes_for_routing(stale_after_s=stale_after_s, inflight=inflight)
-        if (
-            not created
-            and route.node_id is not None
-            and now - route.last_seen_at > timedelta(seconds=policy.session_idle_release_s)
-        ):
-            idle = (now - route.last_seen_at).total_seconds()
-            _log(
-                route,
-                action=RouteDecision.Action.RELEASED,
-                node_id=route.node.node_id,
-                reason=f"released from {route.node.node_id}: idle {idle:.0f} s",
-            )
-            route.node = None
-        pinned = route.node.node_id if route.node_id else None
         cooling = route.moved_for_load_at is not None and now - route.moved_for_load_at < (
             timedelta(seconds=policy.move_cooldown_s)
         )
@@ -237,27 +223,68 @@ def route_resolve(
             model=model,
             exclude=exclude,
             limits=limits,
-            pinned=pinned,
+            pinned=route.node.node_id if route.node_id else None,
             may_move_for_load=not cooling,
             retry_after=retry_after,
         )
         kv_source = None
         if decision.pins:
-            route.node = Node.objects.get(node_id=decision.node_id)
-            if route.package_id is None or decision.action == "placed":
-                route.package_id = route.node.package_id
-            if decision.action == "moved":
-                route.moves += 1
-                kv_source = _kv_source(nodes, addresses, decision, exclude or {})
-            if decision.for_load:
-                route.moved_for_load_at = now
-            _log(route, action=decision.action, node_id=decision.node_id, reason=decision.reason)
+            kv_source = _record_pin(
+                route, decision, now=now, nodes=nodes, addresses=addresses, exclude=exclude or {}
+            )
         if new_turn:
             route.turns += 1
         route.save()
     return RouteTarget(
         decision.node_id, addresses[decision.node_id], model, decision, kv_source=kv_source
     )
+
+
+def _release_if_idle(route: SessionRoute, *, now: datetime, idle_after_s: float) -> None:
+    """Drop the pin of a session idle for longer than ``idle_after_s`` (logged)."""
+    if route.node_id is None or now - route.last_seen_at <= timedelta(seconds=idle_after_s):
+        return
+    idle = (now - route.last_seen_at).total_seconds()
+    node_id = route.node.node_id
+    _log(
+        route,
+        action=RouteDecision.Action.RELEASED,
+        node_id=node_id,
+        reason=f"released from {node_id}: idle {idle:.0f} s",
+    )
+    route.node = None
+
+
+def _serialize_placements() -> None:
+    """Placements must see each other: requests run in parallel threads (and replicas), and
+    sessions that arrive together would otherwise all read the same pinned counts and land on
+    one node. Row locks on the nodes serialize them on PostgreSQL; SQLite's BEGIN IMMEDIATE
+    (settings) already serializes every write transaction."""
+    list(Node.objects.select_for_update().values_list("pk", flat=True))
+
+
+def _record_pin(
+    route: SessionRoute,
+    decision: Decision,
+    *,
+    now: datetime,
+    nodes: list[Any],
+    addresses: dict[str, str],
+    exclude: Mapping[str, str],
+) -> str | None:
+    """Point ``route`` at a placed or moved decision's node and log it; returns the address
+    to take the session's KV from (a move off a node still reachable), else None."""
+    route.node = Node.objects.get(node_id=decision.node_id)
+    if route.package_id is None or decision.action == "placed":
+        route.package_id = route.node.package_id
+    kv_source = None
+    if decision.action == "moved":
+        route.moves += 1
+        kv_source = _kv_source(nodes, addresses, decision, exclude)
+    if decision.for_load:
+        route.moved_for_load_at = now
+    _log(route, action=decision.action, node_id=decision.node_id, reason=decision.reason)
+    return kv_source
 
 
 def _decide(
