@@ -266,8 +266,9 @@ def test_it_constrains_output_to_a_json_schema(node) -> None:
 
 def test_it_stops_generating_when_the_client_goes_away(node) -> None:
     body = {
-        "messages": [{"role": "user", "content": "Write a long story about dragons."}],
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
         "max_tokens": 800,
+        "temperature": 0,
         "stream": True,
     }
     with httpx.stream("POST", f"{node.url}/v1/chat/completions", json=body, timeout=60) as response:
@@ -285,20 +286,30 @@ def test_it_stops_generating_when_the_client_goes_away(node) -> None:
 
 def test_it_answers_503_with_retry_after_past_its_queue_bound(tmp_path) -> None:
     small = start_node("node-q", tmp_path, extra_args=["--sequences", "1", "--max-queue", "1"])
+    # Greedy counting runs to max_tokens, so the one sequence stays busy for the whole test.
+    body = {
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+        "max_tokens": 600,
+        "temperature": 0,
+        "stream": True,
+    }
+
+    def health() -> dict:
+        return httpx.get(f"{small.url}/health").json()
+
+    def until(predicate) -> None:
+        deadline = time.monotonic() + 30
+        while not predicate(health()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert predicate(health()), health()
+
     try:
-        body = {
-            "messages": [{"role": "user", "content": "Write a long story."}],
-            "max_tokens": 200,
-            "stream": True,
-        }
-        with httpx.stream(
-            "POST", f"{small.url}/v1/chat/completions", json=body, timeout=60
-        ) as running:
-            next(running.iter_lines())  # admitted and generating
-            with httpx.stream(
-                "POST", f"{small.url}/v1/chat/completions", json=body, timeout=60
-            ) as queued:
-                assert queued.status_code == 200 and small.url  # waits in the queue
+        url = f"{small.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=60):
+            until(lambda h: h["sequences_active"] == 1)
+            with httpx.stream("POST", url, json=body, timeout=60) as queued:
+                assert queued.status_code == 200
+                until(lambda h: h["queue_depth"] == 1)
                 refused = chat(small, {"messages": [{"role": "user", "content": "x"}]})
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "1"
