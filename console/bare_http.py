@@ -5,20 +5,50 @@ CSRF, messages and auth middleware do nothing for it; under ASGI each of them st
 thread hop per request (``MiddlewareMixin.__acall__``), several milliseconds of added TTFT on
 two cores. ``/v1/`` requests go to a handler whose middleware chain is empty; everything else
 goes through the full stack.
+
+The bare handler also runs without Django's per-request ``ThreadSensitiveContext``, which
+starts a new thread, with a new database connection, for each request's first thread-sensitive
+call. The proxy's own database reads go through ``db_thread`` instead: a pool of long-lived
+threads that keep their connections (``CONN_MAX_AGE``), checked the way Django checks them at
+each request.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.db import close_old_connections
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def db_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """``fn`` (synchronous, using the ORM) as a coroutine run in a pooled worker thread
+    (``sync_to_async(thread_sensitive=False)``); the thread's connection is first closed when
+    it is broken or older than ``CONN_MAX_AGE`` (Django's own per-request check)."""
+
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        close_old_connections()
+        return fn(*args, **kwargs)
+
+    return sync_to_async(checked, thread_sensitive=False)
+
 
 BARE_PREFIXES = ("/v1/",)
 
 
 class BareASGIHandler(ASGIHandler):
-    """An ``ASGIHandler`` that runs views with no middleware."""
+    """An ``ASGIHandler`` that runs views with no middleware and no per-request thread."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        await self.handle(scope, receive, send)
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []

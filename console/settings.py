@@ -71,7 +71,13 @@ def _database_from_env() -> dict:
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": VAR_DIR / "phalanx.sqlite3",
+        # Keep connections open between requests (Django closes them by default): reopening
+        # one (with the PRAGMAs below) costs about 0.5 ms of every proxied request's TTFT.
+        "CONN_MAX_AGE": 600,
         "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+        # A file, not SQLite's in-memory default: the proxy's route writer thread writes while
+        # request threads read, which WAL allows and a shared-cache memory database does not.
+        "TEST": {"NAME": str(VAR_DIR / "test-phalanx.sqlite3")},
     }
 
 

@@ -8,3 +8,6 @@ class InferenceConfig(AppConfig):
     label = "inference"
     verbose_name = "Inference"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from inference import lookups  # noqa: F401  (connects its cache-clearing signals)

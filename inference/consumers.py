@@ -21,7 +21,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from inference import proxy, selectors, services
+from inference import lookups, proxy, selectors, services
 from inference.errors import AuthError, BadRequest, NoHealthyNode, ProxyError
 from inference.validation import MAX_SESSION_ID, WsTurn, parse_ws_message
 
@@ -42,7 +42,7 @@ def _authenticate(scope: dict[str, Any]) -> str:
             k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])
         }
         token = services.bearer_token(headers.get("authorization"))
-    return services.token_authenticate(raw=token)
+    return lookups.caller_for_token(token)
 
 
 @sync_to_async
@@ -53,7 +53,7 @@ def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, An
         if default is None:
             raise NoHealthyNode("No model package is registered.", retry_after=5)
         name = default.name
-    package = services.package_resolve(model=name)
+    package = lookups.package_for_model(name)
     history = services.transcript_get(session_id=session_id)
     return package.name, [*history, {"role": "user", "content": turn.content}]
 

@@ -17,29 +17,32 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from asgiref.sync import sync_to_async
 
+from console.bare_http import db_thread
 from console.prometheus import metric_inc
-from inference import services
+from inference import lookups, services
 from inference.errors import ArrayFull, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
+from inference.route_writer import route_writer
 from inference.routing import Decision
 from nodes import client as node_client
 from nodes import services as node_services
 from nodes.models import Node
+from nodes.selectors import NodeTable, nodes_for_routing
 
 log = logging.getLogger(__name__)
 
-_load_policy = sync_to_async(RoutingPolicy.load)
-_route_resolve = sync_to_async(services.route_resolve)
-_record_failure = sync_to_async(node_services.node_record_failure)
-_record_kv_move = sync_to_async(services.route_record_kv_move)
+_load_policy = db_thread(lookups.routing_policy)
+_record_failure = db_thread(node_services.node_record_failure)
+_record_kv_move = db_thread(services.route_record_kv_move)
 
+RECORD_DELAY_S = 0.005  # after the first token is relayed, see Upstream.record_soon
 KV_MOVE_TIMEOUT_S = 10.0  # export + import of one session's KV between two nodes
 MAX_BACKOFF_S = 1.0
 
@@ -86,14 +89,36 @@ class Upstream:
     response: httpx.Response
     failure_threshold: int
     attempts: list[str] = field(default_factory=list)
+    held: Any = None  # the route change route_writer holds for this request
+    recorded: asyncio.Future[None] | None = None
+    record_scheduled: bool = False
     released: bool = False
 
+    def record(self) -> None:
+        """Queue the request's route record for writing, once."""
+        if self.held is not None:
+            self.recorded = route_writer.commit(self.held)
+            self.held = None
+
+    def record_soon(self) -> None:
+        """``record`` in ``RECORD_DELAY_S``: the relays call it once the node's first token
+        (its second chunk: the first, the role, comes before prefill) has been passed on, so
+        the write takes neither CPU from prefill nor time from that token's way out; it runs
+        while the node decodes the next token."""
+        if self.held is not None and not self.record_scheduled:
+            self.record_scheduled = True
+            asyncio.get_running_loop().call_later(RECORD_DELAY_S, self.record)
+
     async def aclose(self) -> None:
-        """Close the node's response (drops the connection when unread: the node cancels)."""
+        """Close the node's response (drops the connection when unread: the node cancels),
+        then wait until the request's route is in the database (``route_writer``)."""
         if not self.released:
             self.released = True
             inflight.release(self.node_id)
         await node_client.chat_close(self.response)
+        self.record()
+        if self.recorded is not None:
+            await asyncio.shield(self.recorded)
 
     async def read_all(self) -> bytes:
         """The whole body; raises ``UpstreamError`` when the node breaks before the end."""
@@ -101,6 +126,7 @@ class Upstream:
         try:
             async for chunk in self.rest:
                 parts.append(chunk)
+                self.record()
         except httpx.TransportError as exc:
             await self._broke(exc)
             raise UpstreamError(f"{self.node_id} broke off its answer: {_describe(exc)}") from exc
@@ -132,7 +158,51 @@ def _describe(exc: Exception) -> str:
     )
 
 
-@sync_to_async
+@db_thread
+def _read_routing(
+    session_id: str | None, *, policy: RoutingPolicy
+) -> tuple[services.RouteRow | None, float, NodeTable]:
+    """The session's row, when its read started (``time.monotonic()``) and the node table."""
+    table = nodes_for_routing(
+        stale_after_s=services.routing_stale_after_s(policy),
+        inflight=inflight.per_node(),
+        pinned=lookups.pinned_counts(),
+    )
+    row_read_at = time.monotonic()
+    row = services.route_read(session_id=session_id) if session_id else None
+    return row, row_read_at, table
+
+
+async def _route(
+    *,
+    session_id: str | None,
+    model: str,
+    exclude: dict[str, str],
+    new_turn: bool,
+    policy: RoutingPolicy,
+) -> tuple[services.RouteTarget, Any]:
+    """Decide the node for one attempt and hold its record in ``route_writer``'s ledger;
+    returns the target and the held change (None without a session) for ``commit``. Only the
+    reads leave the event loop: the decision and the hold run with no await between them, so
+    concurrent decisions of this process see each other, and nobody waits for a write."""
+    row, row_read_at, table = await _read_routing(session_id, policy=policy)
+    if session_id is not None:
+        row = route_writer.pin_of(session_id, row, read_at=row_read_at)
+        table = table.with_pinned_delta(route_writer.pinned_delta(read_at=table.pinned_read_at))
+    target = services.route_plan(
+        session_id=session_id,
+        row=row,
+        table=table,
+        model=model,
+        policy=policy,
+        exclude=exclude,
+        new_turn=new_turn,
+    )
+    held = route_writer.hold(target.record) if target.record is not None else None
+    return target, held
+
+
+@db_thread
 def _node_is_down(node_id: str) -> bool:
     return Node.objects.filter(node_id=node_id, state=Node.State.DOWN).exists()
 
@@ -181,7 +251,9 @@ async def _watched(
                 await task
 
 
-async def _move_kv(target: services.RouteTarget, session_id: str) -> None:
+async def _move_kv(
+    target: services.RouteTarget, session_id: str, recorded: asyncio.Future[None] | None
+) -> None:
     """Carry a moving session's KV from the node it leaves to its new node, then erase it there.
 
     Best effort: any failure (nothing held, session busy, budget) means the new node prefills
@@ -202,6 +274,8 @@ async def _move_kv(target: services.RouteTarget, session_id: str) -> None:
         log.info("KV of %s not moved from %s: %s", session_id, source, exc)
         return
     await node_client.session_erase(target.kv_source, session_id=session_id, timeout=2.0)
+    if recorded is not None:
+        await asyncio.shield(recorded)  # the "moved" entry first, then "kv_moved"
     await _record_kv_move(
         session_id=session_id,
         node_id=target.node_id,
@@ -249,16 +323,17 @@ async def upstream_open(
             await asyncio.sleep(
                 min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
             )
-        target = await _route_resolve(
+        target, held = await _route(
             session_id=session_id,
             model=model,
             exclude=exclude,
             new_turn=attempt == 0,
-            inflight=inflight.per_node(),
             policy=policy,
         )
+        recorded = None
         if target.kv_source and session_id:
-            await _move_kv(target, session_id)
+            recorded, held = route_writer.commit(held), None
+            await _move_kv(target, session_id, recorded)
         body = {**payload, "model": target.model}
         inflight.acquire(target.node_id)
         try:
@@ -269,6 +344,7 @@ async def upstream_open(
             )
         except (httpx.TransportError, NodeWentDown) as exc:
             inflight.release(target.node_id)
+            route_writer.commit(held)
             exclude[target.node_id] = _describe(exc)
             await _record_failure(
                 node_id=target.node_id,
@@ -279,9 +355,11 @@ async def upstream_open(
             continue
         except BaseException:  # the client went away (cancelled)
             inflight.release(target.node_id)
+            route_writer.commit(held)
             raise
         if rest is None:  # 5xx
             inflight.release(target.node_id)
+            route_writer.commit(held)
             status = response.status_code
             if status == 503 and target.decision.action == "stuck":
                 raise NoHealthyNode(
@@ -307,6 +385,8 @@ async def upstream_open(
             response,
             policy.failure_threshold,
             list(exclude),
+            held,
+            recorded,
         )
     tried = "; ".join(f"{node} {why}" for node, why in exclude.items())
     raise NoHealthyNode(
@@ -335,6 +415,7 @@ async def sse_passthrough(upstream: Upstream) -> AsyncIterator[bytes]:
             if chunk:
                 tail = (tail + chunk)[-2:]
                 yield chunk
+                upstream.record_soon()
     except httpx.TransportError as exc:
         await upstream._broke(exc)
         separator = b"" if tail == b"\n\n" or not tail else b"\n\n"
@@ -389,6 +470,7 @@ async def sse_events(upstream: Upstream) -> AsyncIterator[Any]:
         async for chunk in upstream.rest:
             for event in decoder.feed(chunk):
                 yield event
+            upstream.record_soon()
     except httpx.TransportError as exc:
         await upstream._broke(exc)
         yield {

@@ -288,3 +288,50 @@ def _no_node_message(nodes: Sequence[NodeView], *, model: str, exclude: Mapping[
         for n in sorted(serving, key=lambda n: n.node_id)
     )
     return f"no healthy node serves model {model!r} ({states})"
+
+
+@dataclass(frozen=True)
+class SessionPin:
+    """What the routing table holds about a session: the node it is pinned to (None when new or
+    released), seconds since its last request, and whether a move-for-load cooldown runs."""
+
+    node_id: str | None = None
+    idle_s: float = 0.0
+    cooling: bool = False
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """A session's routing for one request: the ``decision``, and ``released`` (a sentence for
+    the log) when its pin was dropped first for being idle longer than the policy allows."""
+
+    decision: Decision
+    released: str | None = None
+
+
+def route_session(
+    nodes: Sequence[NodeView],
+    *,
+    model: str,
+    pin: SessionPin,
+    idle_release_s: float,
+    exclude: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+) -> SessionPlan:
+    """``route_request`` for a session whose pin is ``pin``: a pin idle for longer than
+    ``idle_release_s`` seconds is released first (the session is placed afresh); a running
+    cooldown forbids a move for load. Raises what ``route_request`` raises."""
+    released = None
+    pinned = pin.node_id
+    if pinned is not None and pin.idle_s > idle_release_s:
+        released = f"released from {pinned}: idle {pin.idle_s:.0f} s"
+        pinned = None
+    decision = route_request(
+        nodes,
+        model=model,
+        pinned=pinned,
+        exclude=exclude,
+        limits=limits,
+        may_move_for_load=not pin.cooling,
+    )
+    return SessionPlan(decision, released)

@@ -14,14 +14,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from inference.errors import ArrayFull, AuthError, NoHealthyNode, UnknownModel
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
-from inference.routing import Decision, Limits, NoNodeAvailable, Saturated, route_request
+from inference.routing import (
+    Decision,
+    Limits,
+    NoNodeAvailable,
+    Saturated,
+    SessionPin,
+    route_request,
+    route_session,
+)
 from nodes.models import Node
-from nodes.selectors import nodes_for_routing
+from nodes.selectors import NodeTable, nodes_for_routing
 
 ENV_TOKEN = "PHALANX_API_TOKEN"
 TOKEN_PREFIX = "phx_"
@@ -103,8 +112,12 @@ def token_create(*, name: str, created_by_id: int | None = None) -> tuple[ApiTok
 
 
 def token_revoke(*, token_id: int) -> None:
-    """Revoke a token; it stops working on the next request."""
-    ApiToken.objects.filter(pk=token_id).update(revoked=True)
+    """Revoke a token; it stops working on this process's next request (``inference.lookups``
+    caches tokens: other processes refuse it within ``lookups.TTL_S``)."""
+    token = ApiToken.objects.filter(pk=token_id).first()
+    if token is not None and not token.revoked:
+        token.revoked = True
+        token.save(update_fields=["revoked"])  # post_save clears the lookups cache
 
 
 def token_authenticate(*, raw: str | None) -> str:
@@ -146,13 +159,43 @@ class RouteTarget:
     """Where to send one attempt of a request: node id and address, the package name the node
     serves (sent as ``model``), and the routing decision. ``kv_source`` is the address of the
     node a moving session leaves when that node is still reachable (draining, or up and
-    overloaded), so the proxy can carry the session's KV over instead of prefilling again."""
+    overloaded), so the proxy can carry the session's KV over instead of prefilling again.
+    ``record`` is what ``route_record`` must write (None for a request without a session)."""
 
     node_id: str
     address: str
     model: str
     decision: Decision
     kv_source: str | None = None
+    record: RouteWrite | None = None
+
+
+@dataclass(frozen=True)
+class RouteRow:
+    """A session's row of the routing table as routing reads it (``node_id`` None: unpinned)."""
+
+    node_id: str | None
+    last_seen_at: datetime
+    moved_for_load_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RouteWrite:
+    """One request's change to a session's route: its decision, the pin it left (``previous``:
+    released or moved off), ``released`` (log sentence of an idle release), the package a
+    placement starts the session on, whether it counts as a turn, and when it was decided."""
+
+    session_id: str
+    decision: Decision
+    previous: str | None
+    released: str | None
+    package_id: int | None
+    new_turn: bool
+    at: datetime
+
+    @property
+    def pinned_to(self) -> str:
+        return self.decision.node_id
 
 
 def routing_limits(policy: RoutingPolicy) -> Limits:
@@ -165,6 +208,11 @@ def routing_limits(policy: RoutingPolicy) -> Limits:
     )
 
 
+def routing_stale_after_s(policy: RoutingPolicy) -> float:
+    """Age (s) past which a node's last scraped load counts as unknown."""
+    return max(3 * policy.health_interval_s, 10.0)
+
+
 def _log(route: SessionRoute, *, action: str, node_id: str, reason: str) -> None:
     RouteDecision.objects.create(route=route, action=action, node_id=node_id, reason=reason)
     stale = route.decisions.order_by("-created_at", "-id").values_list("pk", flat=True)[
@@ -172,6 +220,154 @@ def _log(route: SessionRoute, *, action: str, node_id: str, reason: str) -> None
     ]
     if stale:
         RouteDecision.objects.filter(pk__in=list(stale)).delete()
+
+
+def route_read(*, session_id: str) -> RouteRow | None:
+    """The session's routing-table row, or None for a session never seen (one indexed read)."""
+    row = (
+        SessionRoute.objects.filter(session_id=session_id)
+        .values_list("node__node_id", "last_seen_at", "moved_for_load_at")
+        .first()
+    )
+    return RouteRow(*row) if row else None
+
+
+def route_plan(
+    *,
+    session_id: str | None,
+    row: RouteRow | None,
+    table: NodeTable,
+    model: str,
+    policy: RoutingPolicy,
+    exclude: Mapping[str, str] | None = None,
+    new_turn: bool = True,
+    now: datetime | None = None,
+) -> RouteTarget:
+    """Decide where a request for package ``model`` goes, without touching the database.
+
+    ``row`` is the session's route (``route_read``, None for a new session), ``table`` the
+    inventory (``nodes_for_routing``); ``exclude`` maps node ids that failed this request to a
+    reason. Without ``session_id`` the request is routed by load and nothing is to be recorded;
+    with one, ``RouteTarget.record`` is the change for ``route_record``. A pin idle for longer
+    than ``policy.session_idle_release_s`` is released first; ``new_turn`` False marks a retry
+    of the same request (``turns`` is not counted again).
+
+    Raises ``NoHealthyNode`` (503) or ``ArrayFull`` (429), both with ``retry_after`` (s).
+    """
+    limits = routing_limits(policy)
+    retry_after = max(1, round(policy.health_interval_s))
+    if session_id is None:
+        decision = _decide(
+            table.views, model=model, exclude=exclude, limits=limits, retry_after=retry_after
+        )
+        return RouteTarget(decision.node_id, table.addresses[decision.node_id], model, decision)
+    now = now or timezone.now()
+    pin = _session_pin(row, now=now, cooldown_s=policy.move_cooldown_s)
+    plan = _decide(
+        table.views,
+        model=model,
+        exclude=exclude,
+        limits=limits,
+        retry_after=retry_after,
+        pin=pin,
+        idle_release_s=policy.session_idle_release_s,
+    )
+    decision = plan.decision
+    record = RouteWrite(
+        session_id=session_id,
+        decision=decision,
+        previous=pin.node_id if (decision.pins or plan.released) else None,
+        released=plan.released,
+        package_id=table.package_ids.get(decision.node_id),
+        new_turn=new_turn,
+        at=now,
+    )
+    kv_source = _kv_source(table, decision, exclude or {}) if decision.action == "moved" else None
+    return RouteTarget(
+        decision.node_id,
+        table.addresses[decision.node_id],
+        model,
+        decision,
+        kv_source=kv_source,
+        record=record,
+    )
+
+
+def _session_pin(row: RouteRow | None, *, now: datetime, cooldown_s: float) -> SessionPin:
+    if row is None:
+        return SessionPin()
+    cooling = row.moved_for_load_at is not None and (
+        now - row.moved_for_load_at < timedelta(seconds=cooldown_s)
+    )
+    idle = max(0.0, (now - row.last_seen_at).total_seconds())
+    return SessionPin(row.node_id, idle_s=idle, cooling=cooling)
+
+
+def route_record(write: RouteWrite) -> None:
+    """Write one request's change (``route_plan``'s ``record``) to the session's route: the idle
+    release and the placement or move go to its decision log (the last ``DECISION_LOG_LENGTH``
+    kept), ``moves`` counts redirects, ``turns`` counts requests, ``last_seen_at`` is bumped.
+    Creates the route for a new session. Raises ``Node.DoesNotExist`` when the node is gone.
+
+    The two common cases take one statement each: a turn that stays on its node (an UPDATE)
+    and the placement of a session never seen (two INSERTs); the rest locks the row."""
+    decision = write.decision
+    if decision.action == "stuck" and not write.released:
+        turns = F("turns") + 1 if write.new_turn else F("turns")
+        if SessionRoute.objects.filter(session_id=write.session_id).update(
+            turns=turns, last_seen_at=timezone.now()
+        ):
+            return
+    if decision.action == "placed" and write.previous is None and _route_create(write):
+        return
+    _route_update(write)
+
+
+def _route_create(write: RouteWrite) -> bool:
+    """Insert the route of a session placed for the first time; False when it exists."""
+    try:
+        with transaction.atomic():
+            route = SessionRoute.objects.create(
+                session_id=write.session_id,
+                node=Node.objects.get(node_id=write.decision.node_id),
+                package_id=write.package_id,
+                turns=1 if write.new_turn else 0,
+            )
+            RouteDecision.objects.create(
+                route=route,
+                action=write.decision.action,
+                node_id=write.decision.node_id,
+                reason=write.decision.reason,
+            )
+    except IntegrityError:
+        return False
+    return True
+
+
+@transaction.atomic
+def _route_update(write: RouteWrite) -> None:
+    route, _ = SessionRoute.objects.select_for_update().get_or_create(session_id=write.session_id)
+    decision = write.decision
+    if write.released:
+        _log(
+            route,
+            action=RouteDecision.Action.RELEASED,
+            node_id=write.previous or "",
+            reason=write.released,
+        )
+        route.node = None
+    if decision.pins:
+        route.node = Node.objects.get(node_id=decision.node_id)
+        if route.package_id is None or decision.action == "placed":
+            route.package_id = write.package_id
+        if decision.action == "moved":
+            route.moves += 1
+        if decision.for_load:
+            route.moved_for_load_at = write.at
+        _log(route, action=decision.action, node_id=decision.node_id, reason=decision.reason)
+    if write.new_turn:
+        route.turns += 1
+    route.save()
 
 
 def route_resolve(
@@ -183,108 +379,25 @@ def route_resolve(
     inflight: Mapping[str, int] | None = None,
     policy: RoutingPolicy | None = None,
 ) -> RouteTarget:
-    """Pick the node for a request for package ``model`` and record pins and moves.
-
-    Without ``session_id`` the request is routed by load and nothing is stored. With one, the
-    session's route is created or updated in one transaction: a pin idle for longer than
-    ``policy.session_idle_release_s`` is released first; placed, moved and released decisions
-    are appended to its log (the last ``DECISION_LOG_LENGTH`` kept), ``moves`` counts
-    redirects, ``turns`` counts requests (only when ``new_turn``; retries of the same request
-    pass False). ``exclude`` maps node ids that failed this request to a reason; ``inflight``
-    is this process's ``{node_id: open requests}``.
-
-    Raises ``NoHealthyNode`` (503) or ``ArrayFull`` (429), both with ``retry_after`` (s).
-    """
+    """Read, decide and record in one synchronous call (``route_read``, ``nodes_for_routing``,
+    ``route_plan``, ``route_record``): routing for callers without the proxy's write-behind
+    (``inference.route_writer``). ``inflight`` is a process's ``{node_id: open requests}``.
+    Raises what ``route_plan`` raises."""
     policy = policy or RoutingPolicy.load()
-    limits = routing_limits(policy)
-    stale_after_s = max(3 * policy.health_interval_s, 10.0)
-    retry_after = max(1, round(policy.health_interval_s))
-    if session_id is None:
-        nodes, addresses = nodes_for_routing(stale_after_s=stale_after_s, inflight=inflight)
-        decision = _decide(nodes, model=model, exclude=exclude, limits=limits, session=False)
-        return RouteTarget(decision.node_id, addresses[decision.node_id], model, decision)
-    now = timezone.now()
-    with transaction.atomic():
-        route, created = (
-            SessionRoute.objects.select_for_update()
-            .select_related("node")
-            .get_or_create(session_id=session_id)
-        )
-        if not created:
-            _release_if_idle(route, now=now, idle_after_s=policy.session_idle_release_s)
-        if route.node_id is None:
-            _serialize_placements()
-        nodes, addresses = nodes_for_routing(stale_after_s=stale_after_s, inflight=inflight)
-        cooling = route.moved_for_load_at is not None and now - route.moved_for_load_at < (
-            timedelta(seconds=policy.move_cooldown_s)
-        )
-        decision = _decide(
-            nodes,
-            model=model,
-            exclude=exclude,
-            limits=limits,
-            pinned=route.node.node_id if route.node_id else None,
-            may_move_for_load=not cooling,
-            retry_after=retry_after,
-        )
-        kv_source = None
-        if decision.pins:
-            kv_source = _record_pin(
-                route, decision, now=now, nodes=nodes, addresses=addresses, exclude=exclude or {}
-            )
-        if new_turn:
-            route.turns += 1
-        route.save()
-    return RouteTarget(
-        decision.node_id, addresses[decision.node_id], model, decision, kv_source=kv_source
+    row = route_read(session_id=session_id) if session_id else None
+    table = nodes_for_routing(stale_after_s=routing_stale_after_s(policy), inflight=inflight)
+    target = route_plan(
+        session_id=session_id,
+        row=row,
+        table=table,
+        model=model,
+        policy=policy,
+        exclude=exclude,
+        new_turn=new_turn,
     )
-
-
-def _release_if_idle(route: SessionRoute, *, now: datetime, idle_after_s: float) -> None:
-    """Drop the pin of a session idle for longer than ``idle_after_s`` (logged)."""
-    if route.node_id is None or now - route.last_seen_at <= timedelta(seconds=idle_after_s):
-        return
-    idle = (now - route.last_seen_at).total_seconds()
-    node_id = route.node.node_id
-    _log(
-        route,
-        action=RouteDecision.Action.RELEASED,
-        node_id=node_id,
-        reason=f"released from {node_id}: idle {idle:.0f} s",
-    )
-    route.node = None
-
-
-def _serialize_placements() -> None:
-    """Placements must see each other: requests run in parallel threads (and replicas), and
-    sessions that arrive together would otherwise all read the same pinned counts and land on
-    one node. Row locks on the nodes serialize them on PostgreSQL; SQLite's BEGIN IMMEDIATE
-    (settings) already serializes every write transaction."""
-    list(Node.objects.select_for_update().values_list("pk", flat=True))
-
-
-def _record_pin(
-    route: SessionRoute,
-    decision: Decision,
-    *,
-    now: datetime,
-    nodes: list[Any],
-    addresses: dict[str, str],
-    exclude: Mapping[str, str],
-) -> str | None:
-    """Point ``route`` at a placed or moved decision's node and log it; returns the address
-    to take the session's KV from (a move off a node still reachable), else None."""
-    route.node = Node.objects.get(node_id=decision.node_id)
-    if route.package_id is None or decision.action == "placed":
-        route.package_id = route.node.package_id
-    kv_source = None
-    if decision.action == "moved":
-        route.moves += 1
-        kv_source = _kv_source(nodes, addresses, decision, exclude)
-    if decision.for_load:
-        route.moved_for_load_at = now
-    _log(route, action=decision.action, node_id=decision.node_id, reason=decision.reason)
-    return kv_source
+    if target.record is not None:
+        route_record(target.record)
+    return target
 
 
 def _decide(
@@ -293,20 +406,23 @@ def _decide(
     model: str,
     exclude: Mapping[str, str] | None,
     limits: Limits,
-    session: bool = True,
-    pinned: str | None = None,
-    may_move_for_load: bool = True,
-    retry_after: int = 1,
-) -> Decision:
+    retry_after: int,
+    pin: SessionPin | None = None,
+    idle_release_s: float = 0.0,
+) -> Any:
+    """``route_session`` for a session (``pin`` given, returns a ``SessionPlan``), else
+    ``route_request`` without a session (a ``Decision``); routing's refusals become the
+    proxy's 503 / 429."""
     try:
-        return route_request(
+        if pin is None:
+            return route_request(nodes, model=model, session=False, exclude=exclude, limits=limits)
+        return route_session(
             nodes,
             model=model,
-            pinned=pinned,
-            session=session,
+            pin=pin,
+            idle_release_s=idle_release_s,
             exclude=exclude,
             limits=limits,
-            may_move_for_load=may_move_for_load,
         )
     except NoNodeAvailable as exc:
         raise NoHealthyNode(str(exc), retry_after=retry_after) from exc
@@ -314,13 +430,12 @@ def _decide(
         raise ArrayFull(f"The array is full: {exc}.", retry_after=1) from exc
 
 
-def _kv_source(
-    nodes: list[Any], addresses: dict[str, str], decision: Decision, exclude: Mapping[str, str]
-) -> str | None:
-    previous = next((n for n in nodes if n.node_id == decision.previous), None)
+def _kv_source(table: NodeTable, decision: Decision, exclude: Mapping[str, str]) -> str | None:
+    """Address to carry a moving session's KV from: the node it leaves, while reachable."""
+    previous = next((n for n in table.views if n.node_id == decision.previous), None)
     if previous is None or previous.node_id in exclude or previous.state not in ("up", "draining"):
         return None
-    return addresses[previous.node_id]
+    return table.addresses[previous.node_id]
 
 
 def route_record_kv_move(*, session_id: str, node_id: str, reason: str) -> None:

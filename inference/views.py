@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference import proxy, selectors, services
+from console.bare_http import db_thread
+from inference import lookups, proxy, selectors, services
 from inference.errors import MethodNotAllowed, ProxyError
 from inference.models import RoutingPolicy
 from inference.validation import check_chat_body, parse_json_object, session_key
@@ -28,22 +28,20 @@ def error_response(exc: ProxyError) -> JsonResponse:
     return response
 
 
-@sync_to_async
+@db_thread
 def _authenticate(request: HttpRequest) -> str:
-    return services.token_authenticate(
-        raw=services.bearer_token(request.headers.get("Authorization"))
-    )
+    return lookups.caller_for_token(services.bearer_token(request.headers.get("Authorization")))
 
 
-@sync_to_async
+@db_thread
 def _prepare_chat(
     request: HttpRequest,
 ) -> tuple[dict[str, Any], str, str | None, RoutingPolicy]:
     """Authenticate, validate, resolve the model and the session key: one thread hop."""
-    services.token_authenticate(raw=services.bearer_token(request.headers.get("Authorization")))
+    lookups.caller_for_token(services.bearer_token(request.headers.get("Authorization")))
     body = check_chat_body(parse_json_object(request.body))
-    package = services.package_resolve(model=body["model"])
-    policy = RoutingPolicy.load()
+    package = lookups.package_for_model(body["model"])
+    policy = lookups.routing_policy()
     key = session_key(request.headers, header=policy.session_header)
     return body, package.name, key, policy
 
@@ -94,7 +92,7 @@ async def models_list(request: HttpRequest) -> HttpResponse:
         await _authenticate(request)
     except ProxyError as exc:
         return error_response(exc)
-    packages = await sync_to_async(selectors.packages_served)()
+    packages = await db_thread(selectors.packages_served)()
     seen: set[str] = set()
     data = []
     for package in packages:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from django.db.models import Count
 from django.utils import timezone
 
+from inference.models import SessionRoute
 from inference.routing import NodeView
 from nodes.models import Node
 
@@ -19,39 +22,103 @@ def _number(data: Any, key: str) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class PinnedCounts:
+    """Sessions pinned to each node (``{node_id: count}``), as read at ``read_at``
+    (``time.monotonic()`` just before the read)."""
+
+    counts: dict[str, int]
+    read_at: float
+
+
+def pinned_counts() -> PinnedCounts:
+    """How many sessions are pinned to each node (nodes without any are left out)."""
+    read_at = time.monotonic()
+    rows = (
+        SessionRoute.objects.filter(node__isnull=False)
+        .values_list("node__node_id")
+        .annotate(n=Count("id"))
+    )
+    return PinnedCounts(dict(rows), read_at)
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    """The inventory as routing sees it: ``views`` (one ``NodeView`` per node), each node's
+    address and package id, and ``pinned_read_at``: when the pinned-session counts in the views
+    were read (``time.monotonic()``)."""
+
+    views: list[NodeView]
+    addresses: dict[str, str] = field(default_factory=dict)
+    package_ids: dict[str, int | None] = field(default_factory=dict)
+    pinned_read_at: float = 0.0
+
+    def with_pinned_delta(self, delta: Mapping[str, int]) -> NodeTable:
+        """A copy whose pinned-session counts include ``delta`` (``{node_id: +/- sessions}``):
+        pins this process decided that the counts did not show yet at ``pinned_read_at``."""
+        if not delta:
+            return self
+        views = [
+            replace(v, sessions=max(0, v.sessions + delta.get(v.node_id, 0))) for v in self.views
+        ]
+        return replace(self, views=views)
+
+
+_NODE_FIELDS = (
+    "node_id",
+    "state",
+    "weight",
+    "affinity",
+    "address",
+    "package_id",
+    "package__name",
+    "last_probe_at",
+    "last_seen_load",
+    "max_sessions",
+    "kv_budget_tokens",
+)
+
+
 def nodes_for_routing(
-    *, stale_after_s: float, inflight: Mapping[str, int] | None = None
-) -> tuple[list[NodeView], dict[str, str]]:
-    """Every node as a routing ``NodeView``, plus ``{node_id: address}``.
+    *,
+    stale_after_s: float,
+    inflight: Mapping[str, int] | None = None,
+    pinned: PinnedCounts | None = None,
+) -> NodeTable:
+    """Every node as a routing ``NodeView``, with addresses and package ids (``NodeTable``).
 
     A load older than ``stale_after_s`` seconds (no recent probe) counts as unknown, so a
-    silent node is never taken for idle. ``sessions`` counts the routes pinned to each node;
+    silent node is never taken for idle. ``sessions`` counts the routes pinned to each node
+    (``pinned``, read now when not given: the proxy passes counts it reads less often);
     ``inflight`` (``{node_id: open requests}``, this process's own count) is copied in.
     """
+    pinned = pinned or pinned_counts()
     cutoff = timezone.now() - timedelta(seconds=stale_after_s)
-    rows = Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
     views: list[NodeView] = []
     addresses: dict[str, str] = {}
+    package_ids: dict[str, int | None] = {}
     open_requests = inflight or {}
-    for node in rows:
-        fresh = node.last_probe_at is not None and node.last_probe_at >= cutoff
-        seen = node.last_seen_load if fresh else None
+    for node in Node.objects.values(*_NODE_FIELDS):
+        node_id = node["node_id"]
+        probed = node["last_probe_at"]
+        seen = node["last_seen_load"] if probed is not None and probed >= cutoff else None
         views.append(
             NodeView(
-                node_id=node.node_id,
-                state=node.state,
-                weight=node.weight,
-                load=node.load if fresh else None,
-                model=node.package.name if node.package else None,
-                sessions=node.pinned,
-                affinity=node.affinity,
+                node_id=node_id,
+                state=node["state"],
+                weight=node["weight"],
+                load=_number(seen, "load"),
+                model=node["package__name"],
+                sessions=pinned.counts.get(node_id, 0),
+                affinity=node["affinity"],
                 total=_number(seen, "total"),
                 kv_used=_number(seen, "kv_used"),
                 kv_capacity=_number(seen, "kv_capacity"),
-                max_sessions=node.max_sessions,
-                kv_budget=node.kv_budget_tokens,
-                inflight=open_requests.get(node.node_id, 0),
+                max_sessions=node["max_sessions"],
+                kv_budget=node["kv_budget_tokens"],
+                inflight=open_requests.get(node_id, 0),
             )
         )
-        addresses[node.node_id] = node.address
-    return views, addresses
+        addresses[node_id] = node["address"]
+        package_ids[node_id] = node["package_id"]
+    return NodeTable(views, addresses, package_ids, pinned.read_at)

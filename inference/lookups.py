@@ -1,0 +1,81 @@
+"""Cached reads for the proxy's hot path: API token -> caller, model -> package, routing policy,
+sessions pinned per node.
+
+Every request through ``/v1/`` and every websocket turn needs all three; read from the database
+each time they cost about 2 ms of time to first token on SQLite. Here each answer is kept
+``TTL_S`` seconds in this process. Saving or deleting a token, package or the policy in this
+process (console, REST API, ``applyconfig``) clears the cache at once, through model signals;
+another process (a CLI command, a second control-plane replica) is seen within ``TTL_S``. A
+failed lookup (unknown token, unknown model) is never cached.
+
+The cached ``RoutingPolicy`` is shared by concurrent requests: read it, never change it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db.models.signals import post_delete, post_save
+
+from inference import services
+from inference.models import ApiToken, ModelPackage, RoutingPolicy
+from nodes import selectors
+from nodes.selectors import PinnedCounts
+
+TTL_S = 10.0
+PINNED_TTL_S = 1.0
+
+T = TypeVar("T")
+
+_entries: dict[tuple[str, str], tuple[float, Any]] = {}
+_lock = threading.Lock()
+
+
+def _cached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) -> T:
+    now = time.monotonic()
+    entry = _entries.get((kind, key))
+    if entry is not None and entry[0] > now:
+        return entry[1]
+    value = load()
+    with _lock:
+        _entries[(kind, key)] = (now + ttl_s, value)
+    return value
+
+
+def clear(*_args: Any, **_kwargs: Any) -> None:
+    """Forget every cached answer (signal receiver; tests)."""
+    with _lock:
+        _entries.clear()
+
+
+def caller_for_token(raw: str | None) -> str:
+    """``services.token_authenticate``, cached by the token's hash."""
+    if not raw:
+        return services.token_authenticate(raw=raw)
+    key = hashlib.sha256(raw.encode()).hexdigest()
+    return _cached("token", key, lambda: services.token_authenticate(raw=raw))
+
+
+def package_for_model(model: str) -> ModelPackage:
+    """``services.package_resolve``, cached by the ``model`` string."""
+    return _cached("package", model, lambda: services.package_resolve(model=model))
+
+
+def routing_policy() -> RoutingPolicy:
+    """``RoutingPolicy.load()``, cached; do not modify the returned object."""
+    return _cached("policy", "", RoutingPolicy.load)
+
+
+def pinned_counts() -> PinnedCounts:
+    """``nodes.selectors.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the
+    route writer's ledger adds what this process pinned since (``pinned_delta``)."""
+    return _cached("pinned", "", selectors.pinned_counts, PINNED_TTL_S)
+
+
+for _model in (ApiToken, ModelPackage, RoutingPolicy):
+    post_save.connect(clear, sender=_model, dispatch_uid=f"lookups-save-{_model.__name__}")
+    post_delete.connect(clear, sender=_model, dispatch_uid=f"lookups-delete-{_model.__name__}")
