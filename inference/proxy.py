@@ -164,9 +164,7 @@ def _read_routing(
 ) -> tuple[services.RouteRow | None, float, NodeTable]:
     """The session's row, when its read started (``time.monotonic()``) and the node table."""
     table = nodes_for_routing(
-        stale_after_s=services.routing_stale_after_s(policy),
-        inflight=inflight.per_node(),
-        pinned=lookups.pinned_counts(),
+        stale_after_s=services.routing_stale_after_s(policy), pinned=lookups.pinned_counts()
     )
     row_read_at = time.monotonic()
     row = services.route_read(session_id=session_id) if session_id else None
@@ -188,7 +186,10 @@ async def _route(
     row, row_read_at, table = await _read_routing(session_id, policy=policy)
     if session_id is not None:
         row = route_writer.pin_of(session_id, row, read_at=row_read_at)
-        table = table.with_pinned_delta(route_writer.pinned_delta(read_at=table.pinned_read_at))
+    table = table.with_local_counts(
+        pinned_delta=route_writer.pinned_delta(read_at=table.pinned_read_at),
+        inflight=inflight.per_node(),
+    )
     target = services.route_plan(
         session_id=session_id,
         row=row,

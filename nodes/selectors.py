@@ -53,13 +53,19 @@ class NodeTable:
     package_ids: dict[str, int | None] = field(default_factory=dict)
     pinned_read_at: float = 0.0
 
-    def with_pinned_delta(self, delta: Mapping[str, int]) -> NodeTable:
-        """A copy whose pinned-session counts include ``delta`` (``{node_id: +/- sessions}``):
-        pins this process decided that the counts did not show yet at ``pinned_read_at``."""
-        if not delta:
-            return self
+    def with_local_counts(
+        self, *, pinned_delta: Mapping[str, int], inflight: Mapping[str, int]
+    ) -> NodeTable:
+        """A copy with this process's counts as of now: pinned-session counts plus
+        ``pinned_delta`` (``{node_id: +/- sessions}`` this process pinned that the counts did
+        not show yet at ``pinned_read_at``), and ``inflight`` (``{node_id: open requests}``)."""
         views = [
-            replace(v, sessions=max(0, v.sessions + delta.get(v.node_id, 0))) for v in self.views
+            replace(
+                v,
+                sessions=max(0, v.sessions + pinned_delta.get(v.node_id, 0)),
+                inflight=inflight.get(v.node_id, 0),
+            )
+            for v in self.views
         ]
         return replace(self, views=views)
 

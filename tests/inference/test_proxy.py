@@ -280,3 +280,46 @@ async def test_it_closes_the_upstream_when_the_client_goes_away(fakes, auth):
             break
         await asyncio.sleep(0.02)
     assert sum(f.disconnects for f in fakes.values()) == 1
+
+
+async def test_a_burst_of_new_sessions_spreads_before_any_route_is_written(fakes, auth):
+    import asyncio
+
+    for fake in fakes.values():
+        fake.tokens, fake.token_delay = ["x"] * 5, 0.05
+    client = AsyncClient()
+    responses = await asyncio.gather(
+        *(post(client, body(), {**auth, "X-Session-Id": f"burst-{i}"}) for i in range(8))
+    )
+    placed = [r["X-Phalanx-Node"] for r in responses]
+    assert sorted(placed.count(node) for node in fakes) == [4, 4]
+    pinned = await sync_to_async(
+        lambda: sorted(
+            SessionRoute.objects.filter(session_id__startswith="burst-").values_list(
+                "node__node_id", flat=True
+            )
+        )
+    )()
+    assert pinned == sorted(placed)
+
+
+async def test_a_revoked_token_stops_working_at_the_next_request(fakes, token, auth):
+    from inference.services import token_revoke
+
+    assert (await post(AsyncClient(), body(), auth)).status_code == 200
+    token_id = await ApiToken.objects.values_list("pk", flat=True).aget()
+    await sync_to_async(token_revoke)(token_id=token_id)
+    response = await post(AsyncClient(), body(), auth)
+    assert response.status_code == 401
+    assert "revoked" in error_of(response)["message"]
+
+
+async def test_a_policy_change_applies_to_the_next_request(fakes, auth):
+    from inference.services import policy_update
+
+    headers = {**auth, "X-Custom-Session": "c-1"}
+    await post(AsyncClient(), body(), headers)  # the policy is now cached
+    assert not await SessionRoute.objects.filter(session_id="c-1").aexists()
+    await sync_to_async(policy_update)(changes={"session_header": "X-Custom-Session"})
+    await post(AsyncClient(), body(), headers)
+    assert await SessionRoute.objects.filter(session_id="c-1").aexists()
