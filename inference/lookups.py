@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from django.db.models.signals import post_delete, post_save
 
+from console.bare_http import db_thread
 from inference import services
 from inference.models import ApiToken, ModelPackage, RoutingPolicy
 from nodes import selectors
@@ -46,6 +47,14 @@ def _cached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) ->
     return value
 
 
+async def _acached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) -> T:
+    """``_cached`` for the event loop: a hit costs no thread hop, a miss reads in a DB thread."""
+    entry = _entries.get((kind, key))
+    if entry is not None and entry[0] > time.monotonic():
+        return entry[1]
+    return await db_thread(_cached)(kind, key, load, ttl_s)
+
+
 def clear(*_args: Any, **_kwargs: Any) -> None:
     """Forget every cached answer (signal receiver; tests)."""
     with _lock:
@@ -60,14 +69,32 @@ def caller_for_token(raw: str | None) -> str:
     return _cached("token", key, lambda: services.token_authenticate(raw=raw))
 
 
+async def acaller_for_token(raw: str | None) -> str:
+    """``caller_for_token`` for async callers."""
+    if not raw:
+        return services.token_authenticate(raw=raw)  # raises without touching the database
+    key = hashlib.sha256(raw.encode()).hexdigest()
+    return await _acached("token", key, lambda: services.token_authenticate(raw=raw))
+
+
 def package_for_model(model: str) -> ModelPackage:
     """``services.package_resolve``, cached by the ``model`` string."""
     return _cached("package", model, lambda: services.package_resolve(model=model))
 
 
+async def apackage_for_model(model: str) -> ModelPackage:
+    """``package_for_model`` for async callers."""
+    return await _acached("package", model, lambda: services.package_resolve(model=model))
+
+
 def routing_policy() -> RoutingPolicy:
     """``RoutingPolicy.load()``, cached; do not modify the returned object."""
     return _cached("policy", "", RoutingPolicy.load)
+
+
+async def arouting_policy() -> RoutingPolicy:
+    """``routing_policy`` for async callers."""
+    return await _acached("policy", "", RoutingPolicy.load)
 
 
 def pinned_counts() -> PinnedCounts:

@@ -38,7 +38,6 @@ from nodes.selectors import NodeTable, nodes_for_routing
 
 log = logging.getLogger(__name__)
 
-_load_policy = db_thread(lookups.routing_policy)
 _record_failure = db_thread(node_services.node_record_failure)
 _record_kv_move = db_thread(services.route_record_kv_move)
 
@@ -310,7 +309,7 @@ async def upstream_open(
     ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``. ``policy`` saves
     a read when the caller already has it.
     """
-    policy = policy or await _load_policy()
+    policy = policy or await lookups.arouting_policy()
     if policy.max_inflight and inflight.total >= policy.max_inflight:
         raise ArrayFull(
             f"The control plane has {inflight.total} requests open (max_inflight "
@@ -331,69 +330,91 @@ async def upstream_open(
             new_turn=attempt == 0,
             policy=policy,
         )
-        recorded = None
-        if target.kv_source and session_id:
-            recorded, held = route_writer.commit(held), None
-            await _move_kv(target, session_id, recorded)
-        body = {**payload, "model": target.model}
-        inflight.acquire(target.node_id)
-        try:
-            response, rest, first = await _watched(
-                target.node_id,
-                _open_first(target.address, body=body, session_id=session_id, policy=policy),
-                check_every_s=max(0.2, policy.health_interval_s / 2),
-            )
-        except (httpx.TransportError, NodeWentDown) as exc:
-            inflight.release(target.node_id)
-            route_writer.commit(held)
-            exclude[target.node_id] = _describe(exc)
-            await _record_failure(
-                node_id=target.node_id,
-                reason=_describe(exc),
-                failure_threshold=policy.failure_threshold,
-            )
-            log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
-            continue
-        except BaseException:  # the client went away (cancelled)
-            inflight.release(target.node_id)
-            route_writer.commit(held)
-            raise
-        if rest is None:  # 5xx
-            inflight.release(target.node_id)
-            route_writer.commit(held)
-            status = response.status_code
-            if status == 503 and target.decision.action == "stuck":
-                raise NoHealthyNode(
-                    f"{target.node_id}, where this session is pinned, is busy; retry shortly.",
-                    retry_after=_retry_after(response, 1),
-                    code="node_busy",
-                )
-            exclude[target.node_id] = f"answered {status}"
-            if status != 503:  # 503 is a busy or loading node, not a broken one
-                await _record_failure(
-                    node_id=target.node_id,
-                    reason=exclude[target.node_id],
-                    failure_threshold=policy.failure_threshold,
-                )
-            continue
-        return Upstream(
-            target.node_id,
-            target.decision,
-            response.status_code,
-            response.headers,
-            first,
-            rest,
-            response,
-            policy.failure_threshold,
-            list(exclude),
-            held,
-            recorded,
+        upstream = await _attempt(
+            target, held, payload=payload, session_id=session_id, policy=policy, exclude=exclude
         )
+        if upstream is not None:
+            return upstream
     tried = "; ".join(f"{node} {why}" for node, why in exclude.items())
     raise NoHealthyNode(
         f"No node could take the request ({tried}).",
         retry_after=max(1, round(policy.health_interval_s)),
     )
+
+
+async def _attempt(
+    target: services.RouteTarget,
+    held: Any,
+    *,
+    payload: dict[str, Any],
+    session_id: str | None,
+    policy: RoutingPolicy,
+    exclude: dict[str, str],
+) -> Upstream | None:
+    """Send the request to ``target`` and wait for its first byte. Returns the open answer, or
+    None after adding the node to ``exclude`` with the reason (the caller tries another).
+    Raises ``NoHealthyNode`` (503 ``node_busy``) when the node a session sticks to is busy."""
+    recorded = None
+    if target.kv_source and session_id:
+        recorded, held = route_writer.commit(held), None
+        await _move_kv(target, session_id, recorded)
+    inflight.acquire(target.node_id)
+    try:
+        response, rest, first = await _watched(
+            target.node_id,
+            _open_first(
+                target.address,
+                body={**payload, "model": target.model},
+                session_id=session_id,
+                policy=policy,
+            ),
+            check_every_s=max(0.2, policy.health_interval_s / 2),
+        )
+    except BaseException as exc:
+        inflight.release(target.node_id)
+        route_writer.commit(held)
+        if not isinstance(exc, httpx.TransportError | NodeWentDown):
+            raise  # the client went away (cancelled)
+        log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
+        await _exclude(target.node_id, _describe(exc), exclude, policy, failed=True)
+        return None
+    if rest is None:  # 5xx
+        inflight.release(target.node_id)
+        route_writer.commit(held)
+        status = response.status_code
+        if status == 503 and target.decision.action == "stuck":
+            raise NoHealthyNode(
+                f"{target.node_id}, where this session is pinned, is busy; retry shortly.",
+                retry_after=_retry_after(response, 1),
+                code="node_busy",
+            )
+        # 503 is a busy or loading node, not a broken one: no failure counted
+        await _exclude(target.node_id, f"answered {status}", exclude, policy, failed=status != 503)
+        return None
+    return Upstream(
+        target.node_id,
+        target.decision,
+        response.status_code,
+        response.headers,
+        first,
+        rest,
+        response,
+        policy.failure_threshold,
+        list(exclude),
+        held,
+        recorded,
+    )
+
+
+async def _exclude(
+    node_id: str, reason: str, exclude: dict[str, str], policy: RoutingPolicy, *, failed: bool
+) -> None:
+    """Leave ``node_id`` out of this request's next attempts; count a failure against it."""
+    exclude[node_id] = reason
+    if failed:
+        await _record_failure(
+            node_id=node_id, reason=reason, failure_threshold=policy.failure_threshold
+        )
 
 
 def sse_error_event(message: str, *, code: str = "upstream_error") -> bytes:

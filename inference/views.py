@@ -28,20 +28,21 @@ def error_response(exc: ProxyError) -> JsonResponse:
     return response
 
 
-@db_thread
-def _authenticate(request: HttpRequest) -> str:
-    return lookups.caller_for_token(services.bearer_token(request.headers.get("Authorization")))
+async def _authenticate(request: HttpRequest) -> str:
+    return await lookups.acaller_for_token(
+        services.bearer_token(request.headers.get("Authorization"))
+    )
 
 
-@db_thread
-def _prepare_chat(
+async def _prepare_chat(
     request: HttpRequest,
 ) -> tuple[dict[str, Any], str, str | None, RoutingPolicy]:
-    """Authenticate, validate, resolve the model and the session key: one thread hop."""
-    lookups.caller_for_token(services.bearer_token(request.headers.get("Authorization")))
+    """Authenticate, validate, resolve the model and the session key. Token, package and
+    policy come from ``inference.lookups``: no thread hop while they are cached."""
+    await _authenticate(request)
     body = check_chat_body(parse_json_object(request.body))
-    package = lookups.package_for_model(body["model"])
-    policy = lookups.routing_policy()
+    package = await lookups.apackage_for_model(body["model"])
+    policy = await lookups.arouting_policy()
     key = session_key(request.headers, header=policy.session_header)
     return body, package.name, key, policy
 
