@@ -15,13 +15,17 @@ each request.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.db import close_old_connections
+from django.urls import set_script_prefix
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,6 +53,40 @@ class BareASGIHandler(ASGIHandler):
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
         await self.handle(scope, receive, send)
+
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Django's ``ASGIHandler.handle`` without its ``request_started`` signal, whose
+        receivers (connection hygiene, the DEBUG query log) are synchronous and cost a thread
+        hop before the view runs; ``db_thread`` does that hygiene where the proxy reads. A client
+        disconnect still cancels the view (and so the node's generation)."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            return
+        respond = asyncio.create_task(self._respond(request, send))
+        disconnect = asyncio.create_task(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait({respond, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (disconnect, respond):
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+                    await task
+            body_file.close()
+
+    async def _respond(self, request: Any, send: Any) -> None:
+        response = await self.run_get_response(request)
+        try:
+            await self.send_response(response, send)
+        finally:
+            await sync_to_async(response.close, thread_sensitive=False)()
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []

@@ -28,7 +28,7 @@ from nodes import selectors
 from nodes.selectors import PinnedCounts
 
 TTL_S = 10.0
-PINNED_TTL_S = 1.0
+PINNED_TTL_S = 5.0  # <= route_writer.KEEP_DONE_S: the ledger covers what the counts miss
 
 T = TypeVar("T")
 

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.compiled_sql import CompiledQuery, as_datetime
 from inference.errors import ArrayFull, AuthError, NoHealthyNode, UnknownModel
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
 from inference.routing import (
@@ -222,14 +223,20 @@ def _log(route: SessionRoute, *, action: str, node_id: str, reason: str) -> None
         RouteDecision.objects.filter(pk__in=list(stale)).delete()
 
 
+_route_rows = CompiledQuery(
+    lambda session_id: SessionRoute.objects.filter(session_id=session_id).values_list(
+        "node__node_id", "last_seen_at", "moved_for_load_at"
+    )
+)
+
+
 def route_read(*, session_id: str) -> RouteRow | None:
     """The session's routing-table row, or None for a session never seen (one indexed read)."""
-    row = (
-        SessionRoute.objects.filter(session_id=session_id)
-        .values_list("node__node_id", "last_seen_at", "moved_for_load_at")
-        .first()
-    )
-    return RouteRow(*row) if row else None
+    rows = _route_rows.rows(session_id)
+    if not rows:
+        return None
+    node_id, last_seen_at, moved_for_load_at = rows[0]
+    return RouteRow(node_id, as_datetime(last_seen_at), as_datetime(moved_for_load_at))
 
 
 def route_plan(

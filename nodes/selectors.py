@@ -11,6 +11,7 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone
 
+from console.compiled_sql import CompiledQuery, as_datetime, as_json
 from inference.models import SessionRoute
 from inference.routing import NodeView
 from nodes.models import Node
@@ -31,15 +32,19 @@ class PinnedCounts:
     read_at: float
 
 
-def pinned_counts() -> PinnedCounts:
-    """How many sessions are pinned to each node (nodes without any are left out)."""
-    read_at = time.monotonic()
-    rows = (
+_pinned_rows = CompiledQuery(
+    lambda: (
         SessionRoute.objects.filter(node__isnull=False)
         .values_list("node__node_id")
         .annotate(n=Count("id"))
     )
-    return PinnedCounts(dict(rows), read_at)
+)
+
+
+def pinned_counts() -> PinnedCounts:
+    """How many sessions are pinned to each node (nodes without any are left out)."""
+    read_at = time.monotonic()
+    return PinnedCounts(dict(_pinned_rows.rows()), read_at)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ _NODE_FIELDS = (
 )
 
 
+_node_rows = CompiledQuery(lambda: Node.objects.values_list(*_NODE_FIELDS))
+
+
 def nodes_for_routing(
     *,
     stale_after_s: float,
@@ -104,10 +112,11 @@ def nodes_for_routing(
     addresses: dict[str, str] = {}
     package_ids: dict[str, int | None] = {}
     open_requests = inflight or {}
-    for node in Node.objects.values(*_NODE_FIELDS):
+    for row in _node_rows.rows():
+        node = dict(zip(_NODE_FIELDS, row, strict=True))
         node_id = node["node_id"]
-        probed = node["last_probe_at"]
-        seen = node["last_seen_load"] if probed is not None and probed >= cutoff else None
+        probed = as_datetime(node["last_probe_at"])
+        seen = as_json(node["last_seen_load"]) if probed is not None and probed >= cutoff else None
         views.append(
             NodeView(
                 node_id=node_id,
@@ -116,7 +125,7 @@ def nodes_for_routing(
                 load=_number(seen, "load"),
                 model=node["package__name"],
                 sessions=pinned.counts.get(node_id, 0),
-                affinity=node["affinity"],
+                affinity=bool(node["affinity"]),
                 total=_number(seen, "total"),
                 kv_used=_number(seen, "kv_used"),
                 kv_capacity=_number(seen, "kv_capacity"),
