@@ -11,7 +11,9 @@ turn). Three ways to spread them over the same three nodes:
 
 The peers call the nodes directly (no proxy hop), with the same ``X-Session-Id``, so a turn that
 happens to land on the node that holds the session still reuses its KV. ``ratio`` = round-robin
-mean turn latency / pinned mean turn latency (goal: >= 2), reported with equal success rates.
+mean turn latency / pinned mean turn latency (goal: >= 2), reported with equal success rates;
+``ttft_ratio`` is the same for the mean time to first token, the part of a turn routing changes
+(decode costs the same wherever the turn runs).
 
     python bench/affinity.py [--quick]
 """
@@ -60,12 +62,13 @@ async def session(
             messages.append({"role": "assistant", "content": "(failed)"})
             continue
         out["latencies"].append(time.perf_counter() - start)
+        out["ttfts"].append(result.ttft_s)
         out["ok"] += 1
         messages.append({"role": "assistant", "content": result.text})
 
 
 async def measure(mode: str, pickers, sessions: int, turns: int, max_tokens: int) -> dict:
-    out: dict = {"latencies": [], "ok": 0, "failed": 0}
+    out: dict = {"latencies": [], "ttfts": [], "ok": 0, "failed": 0}
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.perf_counter()
         await asyncio.gather(
@@ -79,6 +82,7 @@ async def measure(mode: str, pickers, sessions: int, turns: int, max_tokens: int
         "success_rate": round(out["ok"] / max(1, out["ok"] + out["failed"]), 3),
         "mean_turn_s": round(sum(lat) / max(1, len(lat)), 3),
         "p95_turn_s": round(percentile(lat, 95), 3),
+        "mean_ttft_s": round(sum(out["ttfts"]) / max(1, len(out["ttfts"])), 3),
         "wall_s": round(wall, 2),
     }
 
@@ -123,12 +127,13 @@ def main() -> None:
     for mode, r in results.items():
         print(
             f"{mode:12s} mean turn {r['mean_turn_s']} s, p95 {r['p95_turn_s']} s, "
-            f"success {r['success_rate']}"
+            f"mean TTFT {r['mean_ttft_s']} s, success {r['success_rate']}"
         )
-    def over_pinned(mode: str) -> float | None:
+
+    def over_pinned(mode: str, figure: str = "mean_turn_s") -> float | None:
         if mode not in results or "pinned" not in results:
             return None
-        return round(results[mode]["mean_turn_s"] / results["pinned"]["mean_turn_s"], 2)
+        return round(results[mode][figure] / max(1e-9, results["pinned"][figure]), 2)
 
     emit(
         {
@@ -139,6 +144,7 @@ def main() -> None:
             "turns": turns,
             **results,
             "ratio_vs_random": over_pinned("random"),
+            "ttft_ratio": over_pinned("round_robin", "mean_ttft_s"),
             "ratio": over_pinned("round_robin"),
         }
     )
