@@ -101,7 +101,23 @@ def sessions_list(request: HttpRequest, filters: Query[SessionFilter]) -> dict:
     return {"count": count, "items": [_session_out(r) for r in routes]}
 
 
-@router.get("/sessions/{session_id}", response={200: SessionDetailOut})
+@router.post("/sessions/{path:session_id}/release", response={200: ReleaseOut})
+def session_release(request: HttpRequest, session_id: str) -> dict:
+    """Unpin a session and erase its KV on the node it leaves (best effort)."""
+    _allow(request, write=True)
+    try:
+        address = services.route_release(session_id=session_id)
+    except SessionRoute.DoesNotExist:
+        raise _not_found(session_id) from None
+    erased = (
+        node_client.session_erase_sync(address, session_id=session_id, timeout=2.0)
+        if address
+        else False
+    )
+    return {"session_id": session_id, "released": address is not None, "kv_erased": erased}
+
+
+@router.get("/sessions/{path:session_id}", response={200: SessionDetailOut})
 def session_show(request: HttpRequest, session_id: str) -> dict:
     """One session: where it is pinned and its decision log."""
     _allow(request, write=False)
@@ -120,22 +136,6 @@ def session_show(request: HttpRequest, session_id: str) -> dict:
             for d in route.decisions.all()
         ],
     }
-
-
-@router.post("/sessions/{session_id}/release", response={200: ReleaseOut})
-def session_release(request: HttpRequest, session_id: str) -> dict:
-    """Unpin a session and erase its KV on the node it leaves (best effort)."""
-    _allow(request, write=True)
-    try:
-        address = services.route_release(session_id=session_id)
-    except SessionRoute.DoesNotExist:
-        raise _not_found(session_id) from None
-    erased = (
-        node_client.session_erase_sync(address, session_id=session_id, timeout=2.0)
-        if address
-        else False
-    )
-    return {"session_id": session_id, "released": address is not None, "kv_erased": erased}
 
 
 class PolicyOut(Schema):

@@ -98,6 +98,11 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 raise BadRequest(
                     "A turn is already running; wait for its done event.", code="turn_in_progress"
                 )
+            await _authenticate(self.scope)  # a token revoked since connect stops here
+        except AuthError as exc:
+            await self.send_error(exc)
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
         except ProxyError as exc:
             await self.send_error(exc)
             return

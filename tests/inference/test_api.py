@@ -85,3 +85,12 @@ def test_it_refuses_a_bad_policy_naming_the_field(routed, admin, change, field):
     )
     assert response.status_code in (400, 422)
     assert field in json.dumps(response.json())
+
+
+def test_it_shows_and_releases_a_session_whose_id_holds_a_slash(routed, admin):
+    route_resolve(session_id="user/42", model=MODEL)
+    shown = Client().get("/api/sessions/user%2F42", headers=admin)
+    assert shown.status_code == 200 and shown.json()["session_id"] == "user/42"
+    released = Client().post("/api/sessions/user%2F42/release", headers=admin)
+    assert released.status_code == 200
+    assert SessionRoute.objects.get(session_id="user/42").node is None

@@ -161,3 +161,18 @@ async def test_it_cancels_the_upstream_when_the_client_disconnects(fakes, token)
             break
         await asyncio.sleep(0.02)
     assert sum(f.disconnects for f in fakes.values()) == 1
+
+
+async def test_it_stops_an_open_connection_whose_token_was_revoked(fakes, token):
+    from inference.models import ApiToken
+    from inference.services import token_revoke
+
+    comm = connect("revoked", headers=[(b"authorization", f"Bearer {token}".encode())])
+    assert (await comm.connect())[0]
+    assert (await turn(comm, {"content": "hi"}))[-1]["type"] == "done"
+    token_id = await ApiToken.objects.values_list("pk", flat=True).aget()
+    await sync_to_async(token_revoke)(token_id=token_id)
+    await comm.send_json_to({"type": "user", "content": "again"})
+    event = await comm.receive_json_from()
+    assert event["type"] == "error" and "revoked" in event["message"]
+    assert (await comm.receive_output())["type"] == "websocket.close"
