@@ -251,6 +251,24 @@ async def _watched(
                 await task
 
 
+_kv_moves: dict[str, asyncio.Future[None]] = {}  # session id -> its KV move in flight
+
+
+async def _moving_kv(
+    target: services.RouteTarget, session_id: str, recorded: asyncio.Future[None] | None
+) -> None:
+    """``_move_kv``, announced in ``_kv_moves`` so that the session's concurrent turns wait
+    for it instead of starting the session afresh on the new node (its import would then be
+    refused)."""
+    move = asyncio.ensure_future(_move_kv(target, session_id, recorded))
+    _kv_moves[session_id] = move
+    try:
+        await asyncio.shield(move)
+    finally:
+        if _kv_moves.get(session_id) is move:
+            del _kv_moves[session_id]
+
+
 async def _move_kv(
     target: services.RouteTarget, session_id: str, recorded: asyncio.Future[None] | None
 ) -> None:
@@ -357,7 +375,10 @@ async def _attempt(
     recorded = None
     if target.kv_source and session_id:
         recorded, held = route_writer.commit(held), None
-        await _move_kv(target, session_id, recorded)
+        await _moving_kv(target, session_id, recorded)
+    elif session_id in _kv_moves:  # a concurrent turn carries the KV: send after it lands
+        with contextlib.suppress(Exception):
+            await asyncio.shield(_kv_moves[session_id])
     inflight.acquire(target.node_id)
     try:
         response, rest, first = await _watched(

@@ -121,13 +121,8 @@ def candidates(
     ]
 
 
-def node_score(node: NodeView) -> float | None:
-    """Load figure of a node (unitless, 0 idle, 1 busy), or None when its load is unknown.
-
-    ``max(load, inflight / total) + PIN_WEIGHT * pinned / capacity + KV_WEIGHT * kv / budget``;
-    capacity is ``max_sessions`` or else the sequences; budget is ``kv_budget`` or else the
-    node's KV capacity. Terms whose denominator is unknown count 0.
-    """
+def score_parts(node: NodeView) -> tuple[float, float, float] | None:
+    """The three terms of ``node_score``: sequences, pinned sessions, KV (None when unknown)."""
     if node.load is None:
         return None
     seq = node.load
@@ -137,7 +132,18 @@ def node_score(node: NodeView) -> float | None:
     pins = node.sessions / capacity if capacity else 0.0
     budget = node.kv_budget or node.kv_capacity or 0
     kv = (node.kv_used or 0.0) / budget if budget else 0.0
-    return seq + PIN_WEIGHT * pins + KV_WEIGHT * kv
+    return seq, PIN_WEIGHT * pins, KV_WEIGHT * kv
+
+
+def node_score(node: NodeView) -> float | None:
+    """Load figure of a node (unitless, 0 idle, 1 busy), or None when its load is unknown.
+
+    ``max(load, inflight / total) + PIN_WEIGHT * pinned / capacity + KV_WEIGHT * kv / budget``;
+    capacity is ``max_sessions`` or else the sequences; budget is ``kv_budget`` or else the
+    node's KV capacity. Terms whose denominator is unknown count 0.
+    """
+    parts = score_parts(node)
+    return None if parts is None else sum(parts)
 
 
 def per_weight(node: NodeView) -> float | None:
@@ -184,7 +190,19 @@ def _placement_reason(verb: str, chosen: NodeView, pool: Sequence[NodeView]) -> 
     else:
         figure = f"lowest load {figure_value:.2f}"
     noun = "candidate" if len(pool) == 1 else "candidates"
-    return f"{verb} {chosen.node_id}: {figure} of {len(pool)} {noun}"
+    return f"{verb} {chosen.node_id}: {figure} of {len(pool)} {noun}{_breakdown(chosen)}"
+
+
+def _breakdown(node: NodeView) -> str:
+    """`` (sequences 0.10 + pinned 0.25 + KV 0.02)`` when more than the sequence load counts."""
+    parts = score_parts(node)
+    if parts is None or not (parts[1] or parts[2]):
+        return ""
+    seq, pins, kv = parts
+    terms = [f"sequences {seq:.2f}", f"{node.sessions} pinned {pins:.2f}"]
+    if kv:
+        terms.append(f"KV {kv:.2f}")
+    return f" ({' + '.join(terms)})"
 
 
 def _why_not(node: NodeView | None, pinned: str, model: str, exclude: Mapping[str, str]) -> str:

@@ -269,3 +269,22 @@ async def test_it_cancels_generation_when_a_websocket_client_goes_away(steady):
     await comm.disconnect()
     assert await settled(steady[0]) == 0
     assert cancelled(steady[0]) == before + 1  # stopped by the disconnect, not finished
+
+
+async def test_concurrent_turns_of_a_moving_session_wait_for_its_kv(steady):
+    token = await inventory(*steady)
+    first = await open_stream(token, "mover", max_tokens=8)
+    await read_all(first)
+    drained = first["X-Phalanx-Node"]
+    await sync_to_async(node_drain)(node_id=drained)
+    turns = await asyncio.wait_for(
+        asyncio.gather(*(open_stream(token, "mover", max_tokens=4) for _ in range(3))), 120
+    )
+    bodies = await asyncio.wait_for(asyncio.gather(*(read_all(r) for r in turns)), 120)
+    assert all(r["X-Phalanx-Node"] != drained for r in turns)
+    assert all(b.rstrip().endswith("[DONE]") and '"error"' not in b for b in bodies)
+    kinds = await sync_to_async(list)(
+        RouteDecision.objects.filter(route__session_id="mover").values_list("action", flat=True)
+    )
+    assert kinds.count("moved") == 1
+    assert kinds.count("kv_moved") == 1

@@ -29,6 +29,17 @@ def test_it_places_a_new_session_on_the_lowest_load():
     assert decision.reason == "placed on node-02: lowest load 0.31 of 3 candidates"
 
 
+def test_the_reason_breaks_down_a_load_that_counts_pinned_sessions():
+    from dataclasses import replace
+
+    nodes = [replace(node("node-01", sessions=2), total=4.0), replace(node("node-02", load=0.9))]
+    decision = route_request(nodes, model=M)
+    assert decision.node_id == "node-01"
+    assert decision.reason == (
+        "placed on node-01: lowest load 0.25 of 2 candidates (sequences 0.00 + 2 pinned 0.25)"
+    )
+
+
 def test_it_divides_load_by_weight():
     nodes = [node("node-01", load=0.4, weight=1), node("node-02", load=0.6, weight=3)]
     assert route_request(nodes, model=M).node_id == "node-02"
