@@ -149,6 +149,19 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         except ProxyError as exc:
             await self.send_error(exc)
 
+    async def _pass_on(self, event: dict[str, Any], parts: list[str], done: dict[str, Any]) -> None:
+        """Send an SSE chunk's content as ``delta`` events; note finish reason, usage, timings."""
+        for choice in event.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                parts.append(content)
+                await self.send_json({"type": "delta", "content": content})
+            if choice.get("finish_reason"):
+                done["finish_reason"] = choice["finish_reason"]
+        for key in ("usage", "timings"):
+            if event.get(key):
+                done[key] = event[key]
+
     async def relay(self, upstream: proxy.Upstream) -> tuple[str, dict[str, Any] | None]:
         """Send deltas; returns the reply text and the done event (None after an error)."""
         parts: list[str] = []
@@ -159,34 +172,35 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             "timings": None,
             "finish_reason": None,
         }
-        async for event in proxy.sse_events(upstream):
-            if event == "[DONE]":
-                break
-            if not isinstance(event, dict):
-                continue
-            if "error" in event:
-                error = event["error"] if isinstance(event["error"], dict) else {}
-                await self.send_json(
-                    {
-                        "type": "error",
-                        "node": upstream.node_id,
-                        "message": error.get("message", str(event["error"])),
-                        "code": error.get("code", "upstream_error"),
-                    }
-                )
-                return "".join(parts), None
-            for choice in event.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    parts.append(content)
-                    await self.send_json({"type": "delta", "content": content})
-                if choice.get("finish_reason"):
-                    done["finish_reason"] = choice["finish_reason"]
-            for key in ("usage", "timings"):
-                if event.get(key):
-                    done[key] = event[key]
+        error: dict[str, Any] | None = None
+        # aclosing: the upstream is closed (and its route written) before the client hears
+        # the turn's end, not whenever the generator is collected
+        async with contextlib.aclosing(proxy.sse_events(upstream)) as events:
+            async for event in events:
+                if event == "[DONE]":
+                    break
+                if not isinstance(event, dict):
+                    continue
+                if "error" in event:
+                    error = _error_event(event["error"], upstream.node_id)
+                    break
+                await self._pass_on(event, parts, done)
+        if error is not None:
+            await self.send_json(error)
+            return "".join(parts), None
         done["content"] = "".join(parts)
         return done["content"], done
+
+
+def _error_event(error: Any, node_id: str) -> dict[str, Any]:
+    """The websocket ``error`` event for a node's in-band SSE error."""
+    details = error if isinstance(error, dict) else {}
+    return {
+        "type": "error",
+        "node": node_id,
+        "message": details.get("message", str(error)),
+        "code": details.get("code", "upstream_error"),
+    }
 
 
 def _node_error(status: int, body: bytes, node_id: str) -> ProxyError:
