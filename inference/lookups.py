@@ -61,39 +61,39 @@ def clear(*_args: Any, **_kwargs: Any) -> None:
         _entries.clear()
 
 
-def caller_for_token(raw: str | None) -> str:
-    """``services.token_authenticate``, cached by the token's hash."""
-    if not raw:
-        return services.token_authenticate(raw=raw)
+def _token(raw: str) -> tuple[str, str, Callable[[], str]]:
+    """Cache kind, key (the token's hash) and loader of a token lookup."""
     key = hashlib.sha256(raw.encode()).hexdigest()
-    return _cached("token", key, lambda: services.token_authenticate(raw=raw))
+    return "token", key, lambda: services.token_authenticate(raw=raw)
+
+
+def _package(model: str) -> tuple[str, str, Callable[[], ModelPackage]]:
+    return "package", model, lambda: services.package_resolve(model=model)
+
+
+def caller_for_token(raw: str | None) -> str:
+    """``services.token_authenticate``, cached by the token's hash (a missing token raises
+    ``AuthError`` without a lookup)."""
+    return _cached(*_token(raw)) if raw else services.token_authenticate(raw=raw)
 
 
 async def acaller_for_token(raw: str | None) -> str:
     """``caller_for_token`` for async callers."""
-    if not raw:
-        return services.token_authenticate(raw=raw)  # raises without touching the database
-    key = hashlib.sha256(raw.encode()).hexdigest()
-    return await _acached("token", key, lambda: services.token_authenticate(raw=raw))
+    return await _acached(*_token(raw)) if raw else services.token_authenticate(raw=raw)
 
 
 def package_for_model(model: str) -> ModelPackage:
     """``services.package_resolve``, cached by the ``model`` string."""
-    return _cached("package", model, lambda: services.package_resolve(model=model))
+    return _cached(*_package(model))
 
 
 async def apackage_for_model(model: str) -> ModelPackage:
     """``package_for_model`` for async callers."""
-    return await _acached("package", model, lambda: services.package_resolve(model=model))
-
-
-def routing_policy() -> RoutingPolicy:
-    """``RoutingPolicy.load()``, cached; do not modify the returned object."""
-    return _cached("policy", "", RoutingPolicy.load)
+    return await _acached(*_package(model))
 
 
 async def arouting_policy() -> RoutingPolicy:
-    """``routing_policy`` for async callers."""
+    """``RoutingPolicy.load()``, cached; do not modify the returned object."""
     return await _acached("policy", "", RoutingPolicy.load)
 
 

@@ -119,7 +119,7 @@ class RouteWriter:
         return delta
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Block until every change submitted so far is written (tests, the sessions API)."""
+        """Block until every change submitted so far is written (tests end with it)."""
         self._executor.submit(lambda: None).result(timeout=timeout)
 
     def _prune(self) -> None:

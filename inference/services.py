@@ -194,10 +194,6 @@ class RouteWrite:
     new_turn: bool
     at: datetime
 
-    @property
-    def pinned_to(self) -> str:
-        return self.decision.node_id
-
 
 def routing_limits(policy: RoutingPolicy) -> Limits:
     """The policy's routing knobs as plain data for ``inference.routing``."""
