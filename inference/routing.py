@@ -196,9 +196,11 @@ def _placement_reason(verb: str, chosen: NodeView, pool: Sequence[NodeView]) -> 
 def _breakdown(node: NodeView) -> str:
     """`` (sequences 0.10 + pinned 0.25 + KV 0.02)`` when more than the sequence load counts."""
     parts = score_parts(node)
-    if parts is None or not (parts[1] or parts[2]):
+    if parts is None:
         return ""
-    seq, pins, kv = parts
+    seq, pins, kv = (round(p, 2) for p in parts)  # what the sentence shows
+    if not (pins or kv):
+        return ""
     terms = [f"sequences {seq:.2f}", f"{node.sessions} pinned {pins:.2f}"]
     if kv:
         terms.append(f"KV {kv:.2f}")

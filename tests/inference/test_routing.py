@@ -40,6 +40,14 @@ def test_the_reason_breaks_down_a_load_that_counts_pinned_sessions():
     )
 
 
+def test_the_reason_shows_no_breakdown_for_terms_that_round_to_zero():
+    from dataclasses import replace
+
+    nearly_idle = replace(node("node-01"), total=8.0, kv_used=1.0, kv_capacity=4096.0)
+    reason = route_request([nearly_idle], model=M).reason
+    assert reason == "placed on node-01: lowest load 0.00 of 1 candidate"
+
+
 def test_it_divides_load_by_weight():
     nodes = [node("node-01", load=0.4, weight=1), node("node-02", load=0.6, weight=3)]
     assert route_request(nodes, model=M).node_id == "node-02"
