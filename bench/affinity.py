@@ -106,13 +106,13 @@ def main() -> None:
         plane = ControlPlane(
             addresses, log_dir, policy={"health_interval_s": 1.0, "canary_idle_s": 0}
         )
-        urls = [p.url for p in nodes]
-        rr = itertools.cycle(urls)
+        direct = [(p.url, p.headers) for p in nodes]
+        rr = itertools.cycle(direct)
         rng = random.Random(7)
         pickers = {
             "pinned": lambda s: lambda: (plane.url, plane.headers),
-            "round_robin": lambda s: lambda: (next(rr), {}),
-            "random": lambda s: lambda: (rng.choice(urls), {}),
+            "round_robin": lambda s: lambda: next(rr),
+            "random": lambda s: lambda: rng.choice(direct),
         }
         results = {
             mode: asyncio.run(measure(mode, pick, sessions, turns, max_tokens))

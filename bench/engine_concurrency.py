@@ -50,8 +50,8 @@ def body(i: int, max_tokens: int) -> dict:
     }
 
 
-async def measure(url: str, streams: int, max_tokens: int) -> dict:
-    async with httpx.AsyncClient(timeout=300) as client:
+async def measure(url: str, streams: int, max_tokens: int, headers: dict) -> dict:
+    async with httpx.AsyncClient(timeout=300, headers=headers) as client:
         await stream_chat(client, url, body(99, 4))  # warm-up
         start = time.perf_counter()
         results = await asyncio.gather(
@@ -70,7 +70,7 @@ async def measure(url: str, streams: int, max_tokens: int) -> dict:
 def bench(start, levels: list[int], max_tokens: int, log_dir: Path) -> dict[int, dict]:
     proc = start(log_dir)
     try:
-        return {n: asyncio.run(measure(proc.url, n, max_tokens)) for n in levels}
+        return {n: asyncio.run(measure(proc.url, n, max_tokens, proc.headers)) for n in levels}
     finally:
         proc.stop()
 

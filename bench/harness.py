@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -13,6 +15,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Nodes started here and the control plane started here derive the same node credentials
+# (nodes.credentials) from one secret for this run.
+os.environ.setdefault("PHALANX_NODE_SECRET", secrets.token_hex(16))
 
 from tests.support.processes import (  # noqa: E402
     Proc,

@@ -99,9 +99,9 @@ async def session(
         messages.append({"role": "assistant", "content": result.text})
 
 
-async def measure(url: str, sessions: int, turns: int) -> dict:
+async def measure(url: str, sessions: int, turns: int, headers: dict) -> dict:
     latencies: list[float] = []
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
         start = time.perf_counter()
         await asyncio.gather(*(session(client, url, s, turns, latencies) for s in range(sessions)))
         wall = time.perf_counter() - start
@@ -121,10 +121,10 @@ def run_node(name: str, log_dir: Path, sessions: int, turns: int, extra: list[st
         extra_args=["--sequences", str(sessions), "--ctx-per-seq", "4096", *extra],
     )
     try:
-        result = asyncio.run(measure(proc.url, sessions, turns))
+        result = asyncio.run(measure(proc.url, sessions, turns, proc.headers))
         result["metrics"] = {
             line.split("{")[0]: float(line.rsplit(" ", 1)[1])
-            for line in httpx.get(f"{proc.url}/metrics").text.splitlines()
+            for line in httpx.get(f"{proc.url}/metrics", headers=proc.headers).text.splitlines()
             if line.startswith(
                 ("phalanx_node_reused_token_ratio", "phalanx_node_prompt_tokens_total")
             )

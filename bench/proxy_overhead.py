@@ -20,12 +20,12 @@ from pathlib import Path
 
 import httpx
 from control_plane import ControlPlane
-from harness import emit, percentile, start_node, stream_chat
+from harness import Proc, emit, percentile, start_node, stream_chat
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm, in plain prose."
 
 
-async def measure(node_url: str, plane: ControlPlane, requests: int, max_tokens: int) -> dict:
+async def measure(node: Proc, plane: ControlPlane, requests: int, max_tokens: int) -> dict:
     data: dict[str, dict[str, list[float]]] = {
         m: {"ttft": [], "tps": []} for m in ("direct", "proxied")
     }
@@ -39,7 +39,9 @@ async def measure(node_url: str, plane: ControlPlane, requests: int, max_tokens:
     async with httpx.AsyncClient(timeout=120) as client:
         for i in range(requests + 2):  # two warm-up rounds
             for mode in ("direct", "proxied") if i % 2 else ("proxied", "direct"):
-                url, headers = (node_url, {}) if mode == "direct" else (plane.url, plane.headers)
+                url, headers = (
+                    (node.url, node.headers) if mode == "direct" else (plane.url, plane.headers)
+                )
                 result = await stream_chat(
                     client,
                     url,
@@ -77,7 +79,7 @@ def main() -> None:
             log_dir,
             policy={"health_interval_s": 2.0, "canary_idle_s": 0},
         )
-        result = asyncio.run(measure(node.url, plane, requests, max_tokens))
+        result = asyncio.run(measure(node, plane, requests, max_tokens))
     finally:
         if plane is not None:
             plane.stop()

@@ -14,9 +14,13 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PHALANX_HOME", BASE_DIR / "var"))
 MODEL_DIR = VAR_DIR / "models"
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "phalanx-dev-key-change-me-in-production-0123456789")
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "phalanx-dev-key-change-me-in-production-0123456789"
+)
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
+ALLOWED_HOSTS = os.environ.get(
+    "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver"
+).split(",")
 
 INSTALLED_APPS = [
     "daphne",
@@ -74,7 +78,11 @@ def _database_from_env() -> dict:
         # Keep connections open between requests (Django closes them by default): reopening
         # one (with the PRAGMAs below) costs about 0.5 ms of every proxied request's TTFT.
         "CONN_MAX_AGE": 600,
-        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+        "OPTIONS": {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
         # A file, not SQLite's in-memory default: the proxy's route writer thread writes while
         # request threads read, which WAL allows and a shared-cache memory database does not.
         "TEST": {"NAME": str(VAR_DIR / "test-phalanx.sqlite3")},
@@ -86,9 +94,14 @@ DATABASES = {"default": _database_from_env()}
 REDIS_URL = os.environ.get("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -31,7 +31,6 @@ import time
 import weakref
 from typing import Any
 
-import httpx
 import psutil
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -165,14 +164,9 @@ def _inventory(after_event: int | None) -> tuple[list[dict[str, Any]], list[dict
     return nodes, events, last
 
 
-async def _metrics(address: str) -> dict[str, float] | None:
-    try:
-        response = await node_client.async_client().get(
-            f"http://{address}/metrics", timeout=METRICS_TIMEOUT_S
-        )
-    except httpx.HTTPError:
-        return None
-    return metrics_fields(response.text) if response.status_code == 200 else None
+async def _metrics(node_id: str, address: str) -> dict[str, float] | None:
+    text = await node_client.metrics_text(address, node_id=node_id, timeout=METRICS_TIMEOUT_S)
+    return metrics_fields(text) if text is not None else None
 
 
 def _usages(addresses: list[str]) -> tuple[dict[str, float], list[tuple[float | None, ...]]]:
@@ -182,7 +176,7 @@ def _usages(addresses: list[str]) -> tuple[dict[str, float], list[tuple[float | 
 async def take_snapshot(seq: int, after_event: int | None) -> tuple[dict[str, Any], int]:
     """Sample the array once; returns the snapshot and the newest event id seen."""
     nodes, events, last = await sync_to_async(_inventory, thread_sensitive=False)(after_event)
-    metrics = await asyncio.gather(*(_metrics(n["address"]) for n in nodes))
+    metrics = await asyncio.gather(*(_metrics(n["node_id"], n["address"]) for n in nodes))
     host, usages = await asyncio.to_thread(_usages, [n["address"] for n in nodes])
     out: dict[str, Any] = {}
     for node, sample, (cpu, rss) in zip(nodes, metrics, usages, strict=True):

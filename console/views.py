@@ -24,7 +24,6 @@ from console.models import Role
 from console.prometheus import prometheus_text
 from inference import services as inference_services
 from inference.models import ModelPackage, SessionRoute
-from nodes import client as node_client
 from nodes.models import Node
 
 NAV = [
@@ -295,12 +294,10 @@ def session(request: HttpRequest, session_id: str) -> HttpResponse:
 def session_release(request: HttpRequest, session_id: str) -> HttpResponse:
     """Unpin a session (its next turn is placed afresh) and erase its KV on the node it left."""
     try:
-        address = inference_services.route_release(session_id=session_id)
+        released, _ = inference_services.route_release_erasing(session_id=session_id)
     except SessionRoute.DoesNotExist as exc:
         raise Http404("No such session") from exc
-    if address:
-        node_client.session_erase_sync(address, session_id=session_id, timeout=2.0)
-    messages.success(request, f"Released {session_id}." if address else "It was not pinned.")
+    messages.success(request, f"Released {session_id}." if released else "It was not pinned.")
     return redirect("console:session", session_id=session_id)
 
 

@@ -21,7 +21,6 @@ from ninja import Field, Query, Router, Schema
 
 from inference import selectors, services
 from inference.models import RoutingPolicy, SessionRoute
-from nodes import client as node_client
 
 router = Router(tags=["routing"])
 
@@ -106,15 +105,10 @@ def session_release(request: HttpRequest, session_id: str) -> dict:
     """Unpin a session and erase its KV on the node it leaves (best effort)."""
     _allow(request, write=True)
     try:
-        address = services.route_release(session_id=session_id)
+        released, erased = services.route_release_erasing(session_id=session_id)
     except SessionRoute.DoesNotExist:
         raise _not_found(session_id) from None
-    erased = (
-        node_client.session_erase_sync(address, session_id=session_id, timeout=2.0)
-        if address
-        else False
-    )
-    return {"session_id": session_id, "released": address is not None, "kv_erased": erased}
+    return {"session_id": session_id, "released": released, "kv_erased": erased}
 
 
 @router.get("/sessions/{path:session_id}", response={200: SessionDetailOut})

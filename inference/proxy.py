@@ -1,8 +1,9 @@
 """The inference proxy's core, shared by the REST view and the session websocket.
 
 ``upstream_open`` routes a chat request, sends it to the chosen node and waits for the node's
-first body bytes; a failure before that point (refused, timed out, 5xx) is retried on another
-node (with backoff), bumping the failed node's failure counter; a node marked down while the
+first body bytes; a failure before that point (refused, timed out, overloaded) is retried on
+another node (with backoff), bumping the failed node's failure counter when it was refused or
+timed out; a node's 500 for one request is that request's failure (``_refused``); a node marked down while the
 request waits (a stopped process) is given up. A session that moves off a live node (drain,
 rebalance) takes its KV along (export, import, erase). After the first byte the request is committed
 to its node: ``sse_passthrough`` relays the node's bytes as they arrive (REST) and
@@ -29,6 +30,7 @@ from console.prometheus import metric_inc
 from inference import lookups, services
 from inference.errors import ArrayFull, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
+from inference.request_breaker import request_breaker, request_fingerprint
 from inference.route_writer import route_writer
 from inference.routing import Decision
 from nodes import client as node_client
@@ -208,18 +210,25 @@ def _node_is_down(node_id: str) -> bool:
 
 
 async def _open_first(
-    address: str, *, body: dict[str, Any], session_id: str | None, policy: RoutingPolicy
+    address: str,
+    *,
+    node_id: str,
+    body: dict[str, Any],
+    session_id: str | None,
+    policy: RoutingPolicy,
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
-    """Send the request and read up to the first body bytes (or the whole body of a 5xx)."""
+    """Send the request and read up to the first body bytes (or the whole body of a 5xx or a
+    429, returned with no iterator)."""
     response = await node_client.chat_open(
         address,
+        node_id=node_id,
         payload=body,
         session_id=session_id,
         connect_timeout=policy.connect_timeout_s,
         read_timeout=policy.request_timeout_s,
     )
     try:
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 429:
             await response.aread()
             await node_client.chat_close(response)
             return response, None, b""
@@ -277,21 +286,27 @@ async def _move_kv(
     Best effort: any failure (nothing held, session busy, budget) means the new node prefills
     from the transcript instead, which is always correct, only slower.
     """
-    assert target.kv_source is not None
-    source = target.decision.previous or "?"
+    assert target.kv_source is not None and target.decision.previous is not None
+    source = target.decision.previous
     try:
         blob = await node_client.session_export(
-            target.kv_source, session_id=session_id, timeout=KV_MOVE_TIMEOUT_S
+            target.kv_source, node_id=source, session_id=session_id, timeout=KV_MOVE_TIMEOUT_S
         )
         if blob is None:
             return
         imported = await node_client.session_import(
-            target.address, session_id=session_id, blob=blob, timeout=KV_MOVE_TIMEOUT_S
+            target.address,
+            node_id=target.node_id,
+            session_id=session_id,
+            blob=blob,
+            timeout=KV_MOVE_TIMEOUT_S,
         )
     except httpx.HTTPError as exc:
         log.info("KV of %s not moved from %s: %s", session_id, source, exc)
         return
-    await node_client.session_erase(target.kv_source, session_id=session_id, timeout=2.0)
+    await node_client.session_erase(
+        target.kv_source, node_id=source, session_id=session_id, timeout=2.0
+    )
     if recorded is not None:
         await asyncio.shield(recorded)  # the "moved" entry first, then "kv_moved"
     await _record_kv_move(
@@ -320,9 +335,10 @@ async def upstream_open(
 
     Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
     most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
-    connection failures, timeouts, 5xx and a node marked down while we wait move to the next
-    node. A 503 (queue full) from the node a session is pinned to is passed on as 503 with
-    Retry-After instead: the session keeps its KV and its node. Raises ``ArrayFull`` (429) when
+    connection failures, timeouts, overload (503, 429) and a node marked down while we wait
+    move to the next node. A 503 (queue full) from the node a session is pinned to is passed
+    on as 503 with Retry-After instead: the session keeps its KV and its node. Any other 5xx
+    raises ``UpstreamError`` (502 ``node_error``) without a retry (see ``_refused``). Raises ``ArrayFull`` (429) when
     this process already holds ``max_inflight`` requests or every node is at its limits, and
     ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``. ``policy`` saves
     a read when the caller already has it.
@@ -385,6 +401,7 @@ async def _attempt(
             target.node_id,
             _open_first(
                 target.address,
+                node_id=target.node_id,
                 body={**payload, "model": target.model},
                 session_id=session_id,
                 policy=policy,
@@ -399,19 +416,11 @@ async def _attempt(
         log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
         await _exclude(target.node_id, _describe(exc), exclude, policy, failed=True)
         return None
-    if rest is None:  # 5xx
+    if rest is None:  # 5xx or 429
         inflight.release(target.node_id)
         route_writer.commit(held)
-        status = response.status_code
-        if status == 503 and target.decision.action == "stuck":
-            raise NoHealthyNode(
-                f"{target.node_id}, where this session is pinned, is busy; retry shortly.",
-                retry_after=_retry_after(response, 1),
-                code="node_busy",
-            )
-        # 503 is a busy or loading node, not a broken one: no failure counted
-        await _exclude(target.node_id, f"answered {status}", exclude, policy, failed=status != 503)
-        return None
+        return await _refused(target, response, payload=payload, policy=policy, exclude=exclude)
+    request_breaker.success(target.node_id)
     return Upstream(
         target.node_id,
         target.decision,
@@ -425,6 +434,55 @@ async def _attempt(
         held,
         recorded,
     )
+
+
+OVERLOAD_STATUSES = (429, 503)
+
+
+async def _refused(
+    target: services.RouteTarget,
+    response: httpx.Response,
+    *,
+    payload: dict[str, Any],
+    policy: RoutingPolicy,
+    exclude: dict[str, str],
+) -> None:
+    """A node's 5xx or 429 before any body. Overload (503, 429) moves the request to another
+    node, or, for a session pinned there, is passed on as 503 ``node_busy`` with the node's
+    Retry-After; nothing is counted against the node. Any other 5xx is this request's failure:
+    returned to the client as 502 ``node_error``, never retried with the same body on other
+    nodes, and counted against the node only through ``request_breaker`` (distinct requests
+    failing there while others succeed). Returns None after excluding the node (the caller
+    tries another); raises ``NoHealthyNode`` or ``UpstreamError`` otherwise."""
+    status = response.status_code
+    if status in OVERLOAD_STATUSES:
+        if target.decision.action == "stuck":
+            raise NoHealthyNode(
+                f"{target.node_id}, where this session is pinned, is busy; retry shortly.",
+                retry_after=_retry_after(response, 1),
+                code="node_busy",
+            )
+        await _exclude(target.node_id, f"answered {status}", exclude, policy, failed=False)
+        return None
+    message = _error_message(response)
+    log.warning("%s answered %s to one request: %s", target.node_id, status, message)
+    metric_inc("phalanx_proxy_node_request_errors_total")
+    trip = request_breaker.failure(target.node_id, request_fingerprint(payload), message)
+    if trip is not None:
+        await _record_failure(node_id=target.node_id, reason=trip.describe(), failure_threshold=1)
+    raise UpstreamError(
+        f"{target.node_id} failed this request ({status}): {message}",
+        code="node_error",
+        status=502,
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The ``error.message`` of a node's JSON error body, else the start of its text."""
+    try:
+        return str(response.json()["error"]["message"])[:500]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500] or f"HTTP {response.status_code}"
 
 
 async def _exclude(

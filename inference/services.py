@@ -30,6 +30,7 @@ from inference.routing import (
     route_request,
     route_session,
 )
+from nodes import client as node_client
 from nodes.models import Node
 from nodes.selectors import NodeTable, nodes_for_routing
 
@@ -449,16 +450,16 @@ def route_record_kv_move(*, session_id: str, node_id: str, reason: str) -> None:
 
 
 @transaction.atomic
-def route_release(*, session_id: str, reason: str = "released by operator") -> str | None:
-    """Unpin a session (its next turn is placed afresh) and log why; returns the address of
-    the node it was pinned to (so its KV can be erased there), or None when it was not pinned.
+def route_release(*, session_id: str, reason: str = "released by operator") -> Node | None:
+    """Unpin a session (its next turn is placed afresh) and log why; returns the node it was
+    pinned to (so its KV can be erased there), or None when it was not pinned.
     Raises ``SessionRoute.DoesNotExist`` for an unknown session."""
     route = (
         SessionRoute.objects.select_for_update().select_related("node").get(session_id=session_id)
     )
-    if route.node is None:
+    node = route.node
+    if node is None:
         return None
-    address = route.node.address
     _log(
         route,
         action=RouteDecision.Action.RELEASED,
@@ -467,7 +468,19 @@ def route_release(*, session_id: str, reason: str = "released by operator") -> s
     )
     route.node = None
     route.save(update_fields=["node", "last_seen_at"])
-    return address
+    return node
+
+
+def route_release_erasing(*, session_id: str) -> tuple[bool, bool]:
+    """``route_release`` by the operator, then erase the session's KV on the node it left
+    (best effort); returns ``(released, kv_erased)``. Raises ``SessionRoute.DoesNotExist``."""
+    node = route_release(session_id=session_id)
+    if node is None:
+        return False, False
+    erased = node_client.session_erase_sync(
+        node.address, node_id=node.node_id, session_id=session_id, timeout=2.0
+    )
+    return True, erased
 
 
 def routes_release_idle(*, idle_s: float) -> int:

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inference.chat_request import parse_chat_request
 from inference.engine.text import has_unpaired_surrogate
 from inference.errors import BadRequest
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 SESSION_HEADER_ALIASES = (
     "X-Session-Id",
     "X-Session-Affinity",
@@ -50,55 +50,13 @@ def _check_number(body: Mapping[str, Any], key: str, *, integer: bool, minimum: 
         raise BadRequest(f"'{key}' must be {kind} >= {minimum:g}.", code="invalid_type", param=key)
 
 
-def check_messages(messages: Any, *, param: str = "messages") -> list[dict[str, Any]]:
-    """Validate an OpenAI ``messages`` list; raises ``BadRequest`` naming the bad item."""
-    if messages is None:
-        raise BadRequest(f"'{param}' is required.", code="missing_messages", param=param)
-    if not isinstance(messages, list):
-        raise BadRequest(f"'{param}' must be a list of messages.", code="invalid_type", param=param)
-    if not messages:
-        raise BadRequest(f"'{param}' must not be empty.", code="empty_messages", param=param)
-    for i, message in enumerate(messages):
-        where = f"{param}[{i}]"
-        if not isinstance(message, dict):
-            raise BadRequest(f"{where} must be an object.", code="invalid_type", param=where)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise BadRequest(
-                f"{where}.role must be one of {', '.join(sorted(ROLES))}.",
-                code="invalid_role",
-                param=f"{where}.role",
-            )
-        content = message.get("content")
-        if content is None and role == "assistant" and message.get("tool_calls"):
-            continue
-        if not isinstance(content, str | list):
-            raise BadRequest(
-                f"{where}.content must be a string or a list of content parts.",
-                code="invalid_type",
-                param=f"{where}.content",
-            )
-    return messages
-
-
 def check_chat_body(body: dict[str, Any]) -> dict[str, Any]:
-    """Validate an OpenAI chat completion body (model, messages, stream, sampling numbers).
+    """Validate an OpenAI chat completion body exactly as a node will
+    (``inference.chat_request.parse_chat_request``); raises ``BadRequest`` naming the field.
 
     Returns the body unchanged; unknown fields pass through to the node.
     """
-    model = body.get("model")
-    if model is None:
-        raise BadRequest("'model' is required.", code="missing_model", param="model")
-    if not isinstance(model, str) or not model.strip():
-        raise BadRequest("'model' must be a non-empty string.", code="invalid_type", param="model")
-    check_messages(body.get("messages"))
-    if "stream" in body and not isinstance(body["stream"], bool | None):
-        raise BadRequest("'stream' must be a boolean.", code="invalid_type", param="stream")
-    _check_number(body, "max_tokens", integer=True, minimum=1)
-    _check_number(body, "max_completion_tokens", integer=True, minimum=1)
-    _check_number(body, "temperature", integer=False, minimum=0)
-    _check_number(body, "top_p", integer=False, minimum=0)
-    _check_number(body, "seed", integer=True, minimum=-(2**63))
+    parse_chat_request(body)
     return body
 
 

@@ -1,6 +1,7 @@
 """All outbound HTTP from the control plane to nodes goes through this module (httpx).
 
-Tests patch this one seam. The control loop uses the blocking ``probe``; the proxy and the
+Every call but ``/health`` presents the node's credential (``nodes.credentials``), so each
+function takes the node's id beside its address. Tests patch this one seam. The control loop uses the blocking ``probe``; the proxy and the
 websocket consumer use ``chat_open`` / ``chat_close`` on a shared ``httpx.AsyncClient`` per
 event loop (building a client costs milliseconds, too much per request).
 """
@@ -16,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
+from nodes.credentials import node_auth_headers
 from nodes.metrics import load_from_metrics, parse_prometheus
 
 _sync_client: httpx.Client | None = None
@@ -50,7 +52,7 @@ def _client() -> httpx.Client:
         return _sync_client
 
 
-def probe(address: str, *, timeout: float) -> ProbeResult:
+def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
     """GET ``http://<address>/health`` then ``/metrics``, each within ``timeout`` seconds.
 
     Never raises for network trouble; the result says what happened.
@@ -67,7 +69,9 @@ def probe(address: str, *, timeout: float) -> ProbeResult:
     if response.status_code != 200:
         return ProbeResult(False, "error", f"health answered {response.status_code}")
     try:
-        metrics = _client().get(f"{base}/metrics", timeout=timeout)
+        metrics = _client().get(
+            f"{base}/metrics", headers=node_auth_headers(node_id), timeout=timeout
+        )
         load = (
             load_from_metrics(parse_prometheus(metrics.text))
             if metrics.status_code == 200
@@ -91,6 +95,7 @@ def async_client() -> httpx.AsyncClient:
 async def chat_open(
     address: str,
     *,
+    node_id: str,
     payload: dict[str, Any],
     session_id: str | None,
     connect_timeout: float,
@@ -102,7 +107,11 @@ async def chat_open(
     ``X-Session-Id: <session_id>`` is sent when given. Raises ``httpx.TransportError`` when the
     node cannot be reached or sends no headers within ``read_timeout`` seconds.
     """
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream, application/json",
+        **node_auth_headers(node_id),
+    }
     if session_id:
         headers["X-Session-Id"] = session_id
     timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
@@ -123,7 +132,7 @@ async def chat_close(response: httpx.Response) -> None:
     await response.aclose()
 
 
-def canary(address: str, *, model: str | None, timeout: float) -> ProbeResult:
+def canary(address: str, *, node_id: str, model: str | None, timeout: float) -> ProbeResult:
     """A tiny real completion (one token, no session): proves the engine still generates.
 
     ``ok`` when the node answers 200 with a ``choices`` list within ``timeout`` seconds; status
@@ -138,7 +147,10 @@ def canary(address: str, *, model: str | None, timeout: float) -> ProbeResult:
         body["model"] = model
     try:
         response = _client().post(
-            f"http://{address}/v1/chat/completions", json=body, timeout=timeout
+            f"http://{address}/v1/chat/completions",
+            json=body,
+            headers=node_auth_headers(node_id),
+            timeout=timeout,
         )
     except httpx.TimeoutException:
         return ProbeResult(False, "timeout", f"canary: no completion in {timeout:g} s")
@@ -155,11 +167,26 @@ def canary(address: str, *, model: str | None, timeout: float) -> ProbeResult:
     return ProbeResult(True, "ok")
 
 
-async def session_export(address: str, *, session_id: str, timeout: float) -> bytes | None:
+async def metrics_text(address: str, *, node_id: str, timeout: float) -> str | None:
+    """``GET /metrics`` (Prometheus text), or None on network trouble or another status."""
+    try:
+        response = await async_client().get(
+            f"http://{address}/metrics", headers=node_auth_headers(node_id), timeout=timeout
+        )
+    except httpx.HTTPError:
+        return None
+    return response.text if response.status_code == 200 else None
+
+
+async def session_export(
+    address: str, *, node_id: str, session_id: str, timeout: float
+) -> bytes | None:
     """``GET /sessions/<id>/state``: the session's KV as an opaque blob, or None when the node
     holds none (404). Raises ``httpx.HTTPError`` on network trouble or another status."""
     response = await async_client().get(
-        f"http://{address}/sessions/{quote(session_id, safe='')}/state", timeout=timeout
+        f"http://{address}/sessions/{quote(session_id, safe='')}/state",
+        headers=node_auth_headers(node_id),
+        timeout=timeout,
     )
     if response.status_code == 404:
         return None
@@ -168,36 +195,40 @@ async def session_export(address: str, *, session_id: str, timeout: float) -> by
 
 
 async def session_import(
-    address: str, *, session_id: str, blob: bytes, timeout: float
+    address: str, *, node_id: str, session_id: str, blob: bytes, timeout: float
 ) -> dict[str, Any]:
     """``PUT /sessions/<id>/state``; returns the node's JSON (``{"tokens", "bytes", ...}``).
     Raises ``httpx.HTTPError`` on network trouble or a refusal (409 model mismatch, 507)."""
     response = await async_client().put(
         f"http://{address}/sessions/{quote(session_id, safe='')}/state",
         content=blob,
-        headers={"Content-Type": "application/octet-stream"},
+        headers={"Content-Type": "application/octet-stream", **node_auth_headers(node_id)},
         timeout=timeout,
     )
     response.raise_for_status()
     return response.json()
 
 
-async def session_erase(address: str, *, session_id: str, timeout: float) -> bool:
+async def session_erase(address: str, *, node_id: str, session_id: str, timeout: float) -> bool:
     """``DELETE /sessions/<id>``; True when the node held KV for it. Never raises."""
     try:
         response = await async_client().delete(
-            f"http://{address}/sessions/{quote(session_id, safe='')}", timeout=timeout
+            f"http://{address}/sessions/{quote(session_id, safe='')}",
+            headers=node_auth_headers(node_id),
+            timeout=timeout,
         )
         return response.status_code == 200 and bool(response.json().get("erased"))
     except (httpx.HTTPError, ValueError):
         return False
 
 
-def session_erase_sync(address: str, *, session_id: str, timeout: float) -> bool:
+def session_erase_sync(address: str, *, node_id: str, session_id: str, timeout: float) -> bool:
     """Blocking ``session_erase`` for synchronous callers (the admin API). Never raises."""
     try:
         response = _client().delete(
-            f"http://{address}/sessions/{quote(session_id, safe='')}", timeout=timeout
+            f"http://{address}/sessions/{quote(session_id, safe='')}",
+            headers=node_auth_headers(node_id),
+            timeout=timeout,
         )
         return response.status_code == 200 and bool(response.json().get("erased"))
     except (httpx.HTTPError, ValueError):

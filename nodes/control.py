@@ -23,7 +23,11 @@ from nodes.models import Node, NodeEvent
 
 
 def canary_due(node: Node, policy: RoutingPolicy) -> bool:
-    """True when ``node`` has seen neither traffic nor a canary for ``policy.canary_idle_s``."""
+    """True when ``node`` is down (it comes back only after a real completion, not on a green
+    ``/health`` alone: a node can answer that and fail every request) or has seen neither
+    traffic nor a canary for ``policy.canary_idle_s``."""
+    if node.state == Node.State.DOWN:
+        return True
     if policy.canary_idle_s <= 0 or node.state == Node.State.DRAINING:
         return False
     stamps = [t for t in (node.last_active_at, node.last_canary_at) if t is not None]
@@ -98,11 +102,14 @@ class ControlLoop:
     def check(node: Node, policy: RoutingPolicy) -> tuple[node_client.ProbeResult, bool]:
         """``/health`` + ``/metrics``, then a canary completion when the node is healthy, not
         draining and has been idle for ``canary_idle_s``; returns ``(result, canary_ran)``."""
-        result = node_client.probe(node.address, timeout=policy.probe_timeout_s)
+        result = node_client.probe(
+            node.address, node_id=node.node_id, timeout=policy.probe_timeout_s
+        )
         if not result.ok or not canary_due(node, policy):
             return result, False
         canary = node_client.canary(
             node.address,
+            node_id=node.node_id,
             model=node.package.name if node.package else None,
             timeout=policy.canary_timeout_s,
         )

@@ -27,6 +27,8 @@ from inference import services as inference_services
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.gguf_meta import read_gguf_info
 from inference.models import ModelPackage
+from nodes.agent.auth import ENV_CREDENTIAL
+from nodes.credentials import node_credential
 from nodes.models import Node
 from nodes.services import node_upsert
 
@@ -161,6 +163,12 @@ def node_command(node: Node, *, model_path: Path, package: ModelPackage) -> list
     ]
 
 
+def node_environment(node: Node) -> dict[str, str]:
+    """What a local node agent gets beside its command line: its credential (in the
+    environment, not on the command line, where every local user could read it)."""
+    return {ENV_CREDENTIAL: node_credential(node.node_id)}
+
+
 def control_plane_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
     """``daphne -b HOST -p PORT console.asgi:application`` with this interpreter."""
     return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "console.asgi:application"]
@@ -189,9 +197,16 @@ class Supervisor:
 
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` with this environment plus ``env``."""
         process = subprocess.Popen(
-            list(argv), cwd=settings.BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent
+            list(argv),
+            cwd=settings.BASE_DIR,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.children.append((name, process))
         return process

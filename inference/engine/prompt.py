@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from inference.chat_request import ToolMode
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -30,18 +31,6 @@ CHATML_TEMPLATE = (
 
 class TemplateError(ValueError):
     """The chat template could not render these messages."""
-
-
-@dataclass(frozen=True)
-class ToolMode:
-    """How tools constrain a turn: ``auto`` (text or one call), ``required`` or one named tool."""
-
-    tools: tuple[dict[str, Any], ...]
-    choice: str  # "auto" | "required" | the name of a function
-
-    @property
-    def forces_call(self) -> bool:
-        return self.choice != "auto"
 
 
 class ChatFormatter:
@@ -91,7 +80,7 @@ def _flatten(message: dict[str, Any]) -> dict[str, str]:
         text += (
             f"{TOOL_OPEN}{json.dumps({'name': fn.get('name'), 'arguments': args_obj})}{TOOL_CLOSE}"
         )
-    if role == "tool":
+    if role in ("tool", "function"):  # "function": OpenAI's deprecated tool result
         return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
     return {"role": role if role != "developer" else "system", "content": text}
 

@@ -9,9 +9,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from inference.chat_request import parse_chat_request
 from inference.engine.scheduler import Engine, Failed, Finished, QueueFull, TextDelta
 from inference.engine.sequences import SessionBusy, pack_state, unpack_state
 from inference.engine.text import has_unpaired_surrogate
+from inference.errors import BadRequest
 from nodes.agent.asgi_io import (
     SSE_DONE,
     BodyTooLarge,
@@ -27,14 +29,41 @@ from nodes.agent.asgi_io import (
     sse,
     watch_disconnect,
 )
-from nodes.agent.chat_request import BadRequest, parse_chat_request
+from nodes.agent.auth import CredentialCheck
 from nodes.agent.completions import ChatService, CompletionShaper, Generation, collect
 from nodes.agent.metrics import prometheus_text
 
 JSON_LIMIT = 8 << 20
 STATE_LIMIT = 1 << 30
 RETRY_AFTER_S = "1"
-SESSION_PATH = re.compile(r"^/sessions/(?P<sid>[^/]{1,200})(?P<state>/state)?/?$")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One line of the node's URL table: path pattern, allowed methods (empty: any), the
+    ``NodeApp`` method that answers, whether it answers without the credential (only
+    ``/health``), and an example path (tests call every route)."""
+
+    pattern: re.Pattern[str]
+    methods: tuple[str, ...]
+    handler: str
+    example: str
+    public: bool = False
+
+
+ROUTES = (
+    Route(re.compile(r"^/health$"), ("GET", "HEAD"), "_health", "/health", public=True),
+    Route(re.compile(r"^/metrics$"), ("GET",), "_metrics", "/metrics"),
+    Route(re.compile(r"^/slots$"), ("GET",), "_slots", "/slots"),
+    Route(re.compile(r"^/v1/models$"), ("GET",), "_models_list", "/v1/models"),
+    Route(re.compile(r"^/v1/chat/completions$"), ("POST",), "_chat", "/v1/chat/completions"),
+    Route(
+        re.compile(r"^/sessions/(?P<sid>[^/]{1,200})(?P<state>/state)?/?$"),
+        ("GET", "PUT", "DELETE"),
+        "_session",
+        "/sessions/s-1/state",
+    ),
+)
 
 
 @dataclass
@@ -47,8 +76,15 @@ class NodeIdentity:
 class NodeApp:
     """Routes requests to the engine. ``service`` is set once the engine has loaded."""
 
-    def __init__(self, identity: NodeIdentity, engine: Engine, service_factory) -> None:
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        engine: Engine,
+        service_factory,
+        credentials: CredentialCheck,
+    ) -> None:
         self.identity = identity
+        self.credentials = credentials
         self.engine = engine
         self._service_factory = service_factory
         self._service: ChatService | None = None
@@ -76,23 +112,39 @@ class NodeApp:
 
     async def _route(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
-        if path == "/health":
-            return await self._health(send)
-        if path == "/metrics":
-            body = prometheus_text(self.identity.node_id, self.engine.snapshot()).encode()
-            return await send_bytes(send, 200, body, "text/plain; version=0.0.4", self.headers)
-        if path == "/slots":
-            return await send_json(send, 200, self.engine.slots(), self.headers)
-        if path == "/v1/models":
-            return await send_json(send, 200, self._models(), self.headers)
-        if path == "/v1/chat/completions":
-            if method != "POST":
-                return await self._error(send, 405, "use POST", code="method_not_allowed")
-            return await self._chat(scope, receive, send)
-        match = SESSION_PATH.match(path)
-        if match:
-            return await self._session(method, match["sid"], bool(match["state"]), receive, send)
+        for route in ROUTES:
+            match = route.pattern.match(path)
+            if match is None:
+                continue
+            if not route.public and not self.credentials.accepts(header(scope, "authorization")):
+                return await self._unauthorized(send)
+            if route.methods and method not in route.methods:
+                allowed = ", ".join(route.methods)
+                return await self._error(send, 405, f"use {allowed}", code="method_not_allowed")
+            handler = getattr(self, route.handler)
+            return await handler(scope, receive, send, **match.groupdict())
+        if not self.credentials.accepts(header(scope, "authorization")):
+            return await self._unauthorized(send)  # not even the URL table to strangers
         return await self._error(send, 404, f"no such endpoint: {method} {path}", code="not_found")
+
+    async def _unauthorized(self, send: Send) -> None:
+        body = error_body(
+            "This node answers only its control plane: send 'Authorization: Bearer <node "
+            "credential>' (docs/node-protocol.md).",
+            kind="authentication_error",
+            code="unauthorized",
+        )
+        await send_json(send, 401, body, {**self.headers, "www-authenticate": "Bearer"})
+
+    async def _metrics(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        body = prometheus_text(self.identity.node_id, self.engine.snapshot()).encode()
+        await send_bytes(send, 200, body, "text/plain; version=0.0.4", self.headers)
+
+    async def _slots(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send_json(send, 200, self.engine.slots(), self.headers)
+
+    async def _models_list(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send_json(send, 200, self._models(), self.headers)
 
     async def _error(
         self,
@@ -108,7 +160,7 @@ class NodeApp:
         kind = "invalid_request_error" if status < 500 else "overloaded_error"
         await send_json(send, status, error_body(message, kind=kind, code=code, param=param), extra)
 
-    async def _health(self, send: Send) -> None:
+    async def _health(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if self.engine.load_error:
             return await send_json(
                 send, 500, {"status": "error", "error": self.engine.load_error}, self.headers
@@ -153,8 +205,8 @@ class NodeApp:
                 send, 503, "the model is still loading", code="loading", retry=True
             )
         try:
-            chat = parse_chat_request(_json_body(raw))
-            if chat.model and chat.model != self.identity.package:
+            chat = parse_chat_request(_with_default_model(_json_body(raw), self.identity.package))
+            if chat.model != self.identity.package:
                 raise BadRequest(
                     f"model {chat.model!r} is not served by this node "
                     f"(it serves {self.identity.package!r})",
@@ -164,7 +216,7 @@ class NodeApp:
             generation = service.start(chat, session_id=header(scope, "x-session-id"))
         except BadRequest as exc:
             status = 404 if exc.code == "model_not_found" else 400
-            return await self._error(send, status, str(exc), code=exc.code, param=exc.param)
+            return await self._error(send, status, exc.message, code=exc.code, param=exc.param)
         except QueueFull as exc:
             return await self._error(send, 503, str(exc), code="queue_full", retry=True)
         watcher = watch_disconnect(receive, lambda: self.engine.cancel(generation.request))
@@ -217,8 +269,15 @@ class NodeApp:
     # Sessions ---------------------------------------------------------------------------
 
     async def _session(
-        self, method: str, session_id: str, state: bool, receive: Receive, send: Send
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        *,
+        sid: str,
+        state: str | None,
     ) -> None:
+        method, session_id = scope["method"], sid
         if not self.engine.ready.is_set():
             return await self._error(
                 send, 503, "the model is still loading", code="loading", retry=True
@@ -299,6 +358,13 @@ def _json_body(raw: bytes) -> object:
         raise BadRequest(
             "the body holds an unpaired UTF-16 surrogate (e.g. \\ud800)", code="invalid_json"
         )
+    return body
+
+
+def _with_default_model(body: object, package: str) -> object:
+    """Like llama-server, a node takes a body without ``model`` as one for what it serves."""
+    if isinstance(body, dict) and "model" not in body:
+        return {**body, "model": package}
     return body
 
 

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.chat_request import ChatRequest
 from inference.engine.prompt import (
     TOOL_OPEN,
     ChatFormatter,
@@ -32,7 +33,7 @@ from inference.engine.scheduler import (
     Request,
     TextDelta,
 )
-from nodes.agent.chat_request import BadRequest, ChatRequest
+from inference.errors import BadRequest
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -60,7 +61,7 @@ class ChatService:
         try:
             text = self.formatter.render(chat.messages, chat.tool_mode)
         except TemplateError as exc:
-            raise BadRequest(str(exc), param="messages") from exc
+            raise BadRequest(str(exc), param="messages", code="template_error") from exc
         prompt = model.tokenize(text, add_special=model.add_bos)
         room = self.engine.config.ctx_per_seq - len(prompt)
         if room < 1:
@@ -73,7 +74,7 @@ class ChatService:
         max_tokens = (
             chat.max_tokens if chat.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
         )
-        params = _sampling_params(chat, max_tokens)
+        params = _sampling_params(chat, max_tokens)  # raises BadRequest
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         request = Request(
@@ -89,12 +90,24 @@ class ChatService:
         return Generation(request=request, events=events, chat=chat)
 
 
+def _grammar(chat: ChatRequest) -> str | None:
+    """The GBNF for the request's tools or response format; ``BadRequest`` when a JSON schema
+    in them cannot be turned into a grammar."""
+    try:
+        if chat.tool_mode:
+            return tool_grammar(chat.tool_mode)
+        return response_format_grammar(chat.response_format)
+    except Exception as exc:  # json_schema_to_gbnf raises many kinds on schemas it cannot take
+        param = "tools" if chat.tool_mode else "response_format"
+        raise BadRequest(
+            f"{param}: the JSON schema cannot be turned into a grammar: {exc}",
+            param=param,
+            code="unsupported_schema",
+        ) from exc
+
+
 def _sampling_params(chat: ChatRequest, max_tokens: int) -> SamplingParams:
-    grammar = (
-        tool_grammar(chat.tool_mode)
-        if chat.tool_mode
-        else response_format_grammar(chat.response_format)
-    )
+    grammar = _grammar(chat)
     extra = {"seed": chat.seed} if chat.seed is not None else {}
     return SamplingParams(
         max_tokens=max_tokens,

@@ -101,7 +101,7 @@ def active_sequences(proc: Proc) -> int:
 
 def cancelled(proc: Proc) -> float:
     """The node's ``phalanx_node_cancelled_total`` (requests cancelled by their client)."""
-    for line in httpx.get(f"{proc.url}/metrics", timeout=5).text.splitlines():
+    for line in httpx.get(f"{proc.url}/metrics", headers=proc.headers, timeout=5).text.splitlines():
         if line.startswith("phalanx_node_cancelled_total"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError("no phalanx_node_cancelled_total")

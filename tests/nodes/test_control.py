@@ -165,14 +165,14 @@ def test_it_keeps_a_draining_node_draining(fake, package):
 def test_it_uses_the_client_seam(package, monkeypatch):
     calls = []
 
-    def probe(address, *, timeout):
-        calls.append((address, timeout))
+    def probe(address, *, node_id, timeout):
+        calls.append((address, node_id, timeout))
         return ProbeResult(True, "ok", "", {"load": 0.25})
 
     monkeypatch.setattr(node_client, "probe", probe)
     Node.objects.create(node_id="node-01", address="127.0.0.1:1", package=package)
     ControlLoop().tick()
-    assert calls == [("127.0.0.1:1", 2.0)]
+    assert calls == [("127.0.0.1:1", "node-01", 2.0)]
     assert Node.objects.get().load == 0.25
 
 

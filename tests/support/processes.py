@@ -36,6 +36,7 @@ class Proc:
     log_path: Path
     url: str = ""
     extra: dict = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # a node's: its credential
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen.poll() is None:
@@ -90,8 +91,16 @@ def start_node(
     cpus: str | None = None,
     extra_args: list[str] | None = None,
     wait: bool = True,
+    credential: str | None = None,
 ) -> Proc:
-    """Start ``manage.py runnode`` with the bundled model; returns when it is healthy."""
+    """Start ``manage.py runnode`` with the bundled model; returns when it is healthy.
+
+    The node accepts ``credential`` (default: what this process's control plane presents to
+    ``node_id``, ``nodes.credentials.node_credential``); ``proc.headers`` carries it."""
+    from nodes.agent.auth import ENV_CREDENTIAL
+    from nodes.credentials import node_credential
+
+    credential = credential or node_credential(node_id)
     port = port or free_port(host)
     args = [
         sys.executable,
@@ -110,8 +119,9 @@ def start_node(
         *(["--cpus", cpus] if cpus else []),
         *(extra_args or []),
     ]
-    proc = spawn(args, log_dir / f"{node_id}.log")
+    proc = spawn(args, log_dir / f"{node_id}.log", env={ENV_CREDENTIAL: credential})
     proc.url = f"http://{host}:{port}"
+    proc.headers = {"Authorization": f"Bearer {credential}"}
     if wait:
         wait_healthy(proc.url, proc)
     return proc

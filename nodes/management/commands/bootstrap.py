@@ -36,7 +36,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--nodes", type=int, default=2)
-        parser.add_argument("--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1")
+        parser.add_argument(
+            "--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1"
+        )
 
     def handle(self, *args, **options) -> None:
         try:

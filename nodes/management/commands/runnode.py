@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.scheduler import Engine, EngineConfig
 from nodes.agent.app import NodeApp, NodeIdentity
+from nodes.agent.auth import CredentialCheck, NoCredential
 from nodes.agent.factory import chat_service_for
 
 
@@ -59,6 +60,12 @@ class Command(BaseCommand):
             help="one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
         )
         parser.add_argument(
+            "--credential-file",
+            default=None,
+            help="credentials to accept, one per line, re-read on change "
+            "(also: $PHALANX_NODE_CREDENTIAL, comma-separated)",
+        )
+        parser.add_argument(
             "--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)"
         )
 
@@ -71,6 +78,10 @@ class Command(BaseCommand):
             raise CommandError(f"--listen must be host:port, got {o['listen']!r}")
         if not os.path.exists(o["model"]):
             raise CommandError(f"model file not found: {o['model']}")
+        try:
+            credentials = CredentialCheck.from_environment(o["credential_file"])
+        except NoCredential as exc:
+            raise CommandError(str(exc)) from exc
         if o["cpus"]:
             os.sched_setaffinity(0, parse_cpu_set(o["cpus"]))
         config = EngineConfig(
@@ -88,7 +99,9 @@ class Command(BaseCommand):
         package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
         engine = Engine(config)
         engine.start()
-        app = NodeApp(NodeIdentity(o["id"], package, o["sha256"]), engine, chat_service_for)
+        app = NodeApp(
+            NodeIdentity(o["id"], package, o["sha256"]), engine, chat_service_for, credentials
+        )
         self.stdout.write(f"node {o['id']} serving {package} on http://{host}:{port}", ending="\n")
         self.stdout.flush()
         try:

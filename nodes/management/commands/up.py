@@ -21,6 +21,7 @@ from nodes.embedded import (
     control_loop_command,
     control_plane_command,
     node_command,
+    node_environment,
     wait_for_port,
 )
 from nodes.management.commands.bootstrap import describe
@@ -69,6 +70,7 @@ class Command(BaseCommand):
                 supervisor.start(
                     node.node_id,
                     node_command(node, model_path=result.model_path, package=result.package),
+                    env=node_environment(node),
                 )
             ready = wait_for_port(host, port, timeout=60)
             self._wait_for_nodes(result.nodes, supervisor)
@@ -97,7 +99,7 @@ class Command(BaseCommand):
         waiting = {n.node_id: n.address for n in nodes}
         while waiting and time.monotonic() < deadline and not supervisor.exited():
             for node_id, address in list(waiting.items()):
-                if probe(address, timeout=1.0).ok:
+                if probe(address, node_id=node_id, timeout=1.0).ok:
                     self.stdout.write(f"{node_id} ready")
                     del waiting[node_id]
             time.sleep(0.3)

@@ -27,7 +27,12 @@ def node(tmp_path_factory):
 
 
 def chat(node, body: dict, **headers) -> httpx.Response:
-    return httpx.post(f"{node.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+    return httpx.post(
+        f"{node.url}/v1/chat/completions",
+        json=body,
+        headers={**node.headers, **headers},
+        timeout=120,
+    )
 
 
 def stream_events(node, body: dict, **headers) -> list[dict]:
@@ -36,7 +41,7 @@ def stream_events(node, body: dict, **headers) -> list[dict]:
         "POST",
         f"{node.url}/v1/chat/completions",
         json={**body, "stream": True},
-        headers=headers,
+        headers={**node.headers, **headers},
         timeout=120,
     ) as response:
         assert response.status_code == 200
@@ -50,7 +55,7 @@ def stream_events(node, body: dict, **headers) -> list[dict]:
 def test_it_reports_health_and_metrics(node) -> None:
     health = httpx.get(f"{node.url}/health").json()
     assert health["status"] == "ok" and health["node"] == "node-t1"
-    metrics = httpx.get(f"{node.url}/metrics").text
+    metrics = httpx.get(f"{node.url}/metrics", headers=node.headers).text
     for name in (
         "phalanx_node_requests_total",
         "phalanx_node_cached_prompt_tokens_total",
@@ -110,7 +115,7 @@ def test_it_shows_cached_tokens_on_a_sessions_second_turn(node) -> None:
     assert (
         second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
     )
-    where = httpx.get(f"{node.url}/sessions/s-42").json()
+    where = httpx.get(f"{node.url}/sessions/s-42", headers=node.headers).json()
     assert where["where"] == "sequence" and where["tokens"] > 0 and where["bytes"] > 0
 
 
@@ -119,16 +124,16 @@ def test_it_exports_imports_and_erases_a_session(node) -> None:
     chat(
         node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-1"}
     )
-    blob = httpx.get(f"{node.url}/sessions/exp-1/state").content
-    assert httpx.delete(f"{node.url}/sessions/exp-1").json()["erased"] is True
-    assert httpx.get(f"{node.url}/sessions/exp-1").status_code == 404
-    imported = httpx.put(f"{node.url}/sessions/exp-2/state", content=blob)
+    blob = httpx.get(f"{node.url}/sessions/exp-1/state", headers=node.headers).content
+    assert httpx.delete(f"{node.url}/sessions/exp-1", headers=node.headers).json()["erased"] is True
+    assert httpx.get(f"{node.url}/sessions/exp-1", headers=node.headers).status_code == 404
+    imported = httpx.put(f"{node.url}/sessions/exp-2/state", content=blob, headers=node.headers)
     assert imported.status_code == 200 and imported.json()["where"] == "host"
     again = chat(
         node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-2"}
     ).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    bad = httpx.put(f"{node.url}/sessions/exp-3/state", content=b"garbage")
+    bad = httpx.put(f"{node.url}/sessions/exp-3/state", content=b"garbage", headers=node.headers)
     assert bad.status_code == 400 and "magic" in bad.json()["error"]["message"]
 
 
@@ -168,7 +173,9 @@ def test_it_exports_imports_and_erases_a_session(node) -> None:
     ],
 )
 def test_it_rejects_bad_input_with_a_message(node, body: bytes, needle: str) -> None:
-    r = httpx.post(f"{node.url}/v1/chat/completions", content=body, timeout=30)
+    r = httpx.post(
+        f"{node.url}/v1/chat/completions", content=body, headers=node.headers, timeout=30
+    )
     assert r.status_code == 400
     assert needle in r.json()["error"]["message"]
 
@@ -271,7 +278,9 @@ def test_it_stops_generating_when_the_client_goes_away(node) -> None:
         "temperature": 0,
         "stream": True,
     }
-    with httpx.stream("POST", f"{node.url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{node.url}/v1/chat/completions", json=body, headers=node.headers, timeout=60
+    ) as response:
         for _ in zip(range(5), response.iter_lines(), strict=False):
             pass
     deadline = time.monotonic() + 5
@@ -305,9 +314,9 @@ def test_it_answers_503_with_retry_after_past_its_queue_bound(tmp_path) -> None:
 
     try:
         url = f"{small.url}/v1/chat/completions"
-        with httpx.stream("POST", url, json=body, timeout=60):
+        with httpx.stream("POST", url, json=body, headers=small.headers, timeout=60):
             until(lambda h: h["sequences_active"] == 1)
-            with httpx.stream("POST", url, json=body, timeout=60) as queued:
+            with httpx.stream("POST", url, json=body, headers=small.headers, timeout=60) as queued:
                 assert queued.status_code == 200
                 until(lambda h: h["queue_depth"] == 1)
                 refused = chat(small, {"messages": [{"role": "user", "content": "x"}]})
@@ -320,5 +329,5 @@ def test_it_answers_503_with_retry_after_past_its_queue_bound(tmp_path) -> None:
 
 def test_it_rejects_an_unpaired_surrogate(node) -> None:
     raw = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
-    r = httpx.post(f"{node.url}/v1/chat/completions", content=raw, timeout=30)
+    r = httpx.post(f"{node.url}/v1/chat/completions", content=raw, headers=node.headers, timeout=30)
     assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
