@@ -23,7 +23,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
 from ninja.security import HttpBearer, SessionAuth
 
 from console.errors import Forbidden
@@ -107,26 +107,78 @@ def require(principal: Principal | None, needed: Role) -> Principal:
 
 
 class TokenAuth(HttpBearer):
-    """``Authorization: Bearer <token>`` on ``/api/``; ``request.auth`` is a ``Principal``."""
+    """``Authorization: Bearer <token>`` on ``/api/``; ``request.auth`` is a ``Principal``.
+
+    With ``needed`` set, a known token whose role is weaker raises ``Forbidden`` (403) here,
+    before django-ninja reads the body: a caller without the role learns nothing from a 422."""
+
+    def __init__(self, needed: Role | None = Role.VIEWER) -> None:
+        super().__init__()
+        self.needed = needed
 
     def authenticate(self, request: HttpRequest, token: str) -> Principal | None:
-        return principal_for_token(token)
+        return _with_role(principal_for_token(token), self.needed)
 
 
 class UserAuth(SessionAuth):
     """A logged-in Django user (CSRF-checked on unsafe methods); ``request.auth`` is a
-    ``Principal``."""
+    ``Principal``. Without a logged-in user it answers None before the CSRF check, so an
+    anonymous call is a 401, not CSRF's 403. ``needed`` as for ``TokenAuth``."""
+
+    def __init__(self, needed: Role | None = Role.VIEWER) -> None:
+        super().__init__()
+        self.needed = needed
+
+    def __call__(self, request: HttpRequest) -> Any:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        return super().__call__(request)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Principal | None:
-        return principal_for_user(request.user)
+        return _with_role(principal_for_user(request.user), self.needed)
 
 
-API_AUTH = [TokenAuth(), UserAuth()]
+def _with_role(principal: Principal | None, needed: Role | None) -> Principal | None:
+    if principal is None or needed is None:
+        return principal
+    return require(principal, needed)
 
 
-def api_require(request: HttpRequest, needed: Role) -> Principal:
-    """The API caller's principal when it has ``needed``; raises ``Forbidden`` otherwise."""
-    return require(getattr(request, "auth", None), needed)
+def role_auth(needed: Role | None) -> list[Any]:
+    """django-ninja ``auth=`` for an operation that needs ``needed`` (None: any caller)."""
+    return [TokenAuth(needed), UserAuth(needed)]
+
+
+API_AUTH = role_auth(None)
+NEEDS_VIEWER = role_auth(Role.VIEWER)
+NEEDS_OPERATOR = role_auth(Role.OPERATOR)
+NEEDS_ADMIN = role_auth(Role.ADMIN)
+
+
+def token_or_login(view: Callable) -> Callable:
+    """For ``/api/docs`` and ``/api/openapi.json``: a request with ``Authorization: Bearer``
+    is let in when the token has a role (else 401 JSON); without one, login is required as on
+    every page (a redirect to the login form)."""
+    page = login_required(view)
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        header = request.headers.get("Authorization")
+        if header is None:
+            return page(request, *args, **kwargs)
+        scheme, _, raw = header.partition(" ")
+        principal = principal_for_token(raw.strip()) if scheme.lower() == "bearer" else None
+        if principal is None or not principal.can(Role.VIEWER):
+            response = JsonResponse(
+                {"detail": "Unknown, revoked or role-less token.", "code": "unauthorized"},
+                status=401,
+            )
+            response["WWW-Authenticate"] = "Bearer"
+            return response
+        return view(request, *args, **kwargs)
+
+    return wrapper
 
 
 # --- pages -----------------------------------------------------------------------------------

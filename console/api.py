@@ -2,7 +2,8 @@
 
 Each app adds its own ``Router`` from its ``api.py``; domain errors are mapped to HTTP here.
 Authentication and roles live in ``console/access.py``: every operation needs a Bearer token or
-a logged-in user (CSRF-checked), and checks its role with ``api_require``.
+a logged-in user (CSRF-checked), with the role its ``auth=`` names (``NEEDS_VIEWER`` ...),
+checked before the body is validated. The OpenAPI schema and docs take a token or a login.
 
 Error bodies: ``{"detail": message, "code": code, "field": field}`` (config errors add
 ``line``); 401 without credentials, 403 for a role too weak.
@@ -10,14 +11,13 @@ Error bodies: ``{"detail": message, "code": code, "field": field}`` (config erro
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError
 from ninja.errors import ValidationError as NinjaValidationError
 
-from console.access import API_AUTH
+from console.access import API_AUTH, token_or_login
 from console.config_file import ConfigError
 from console.errors import ConsoleError
 from console.services import invalid_from
@@ -28,7 +28,7 @@ api = NinjaAPI(
     urls_namespace="api",
     auth=API_AUTH,
     description="Nodes, packages, tokens, config, routing. Bearer token or console login.",
-    docs_decorator=login_required,
+    docs_decorator=token_or_login,
 )
 
 

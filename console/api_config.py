@@ -11,9 +11,8 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
 from console import utilization
-from console.access import api_require
+from console.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.config_file import ApplyReport, ConfigError, apply_config_text, export_config
-from console.models import Role
 
 router = Router()
 
@@ -67,9 +66,9 @@ def me(request: HttpRequest) -> dict[str, Any]:
     response=ConfigOut,
     tags=["config"],
     summary="Export the array as a config file (?format=yaml for the raw file)",
+    auth=NEEDS_VIEWER,
 )
 def config_export(request: HttpRequest, format: str = "json") -> Any:
-    api_require(request, Role.VIEWER)
     text = export_config()
     if format == "yaml":
         response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
@@ -102,9 +101,9 @@ def _body_text(request: HttpRequest) -> str:
     openapi_extra={
         "requestBody": {"content": {"application/yaml": {"schema": {"type": "string"}}}}
     },
+    auth=NEEDS_ADMIN,
 )
 def config_apply(request: HttpRequest, prune: bool = False, dry_run: bool = False) -> Any:
-    api_require(request, Role.ADMIN)
     report = apply_config_text(_body_text(request), prune=prune, dry_run=dry_run)
     return report_out(report)
 
@@ -114,7 +113,7 @@ def config_apply(request: HttpRequest, prune: bool = False, dry_run: bool = Fals
     response=UtilizationOut,
     tags=["utilization"],
     summary="The kept utilization snapshots (the last minutes)",
+    auth=NEEDS_VIEWER,
 )
 def utilization_history(request: HttpRequest) -> dict[str, Any]:
-    api_require(request, Role.VIEWER)
     return {"snapshots": async_to_sync(utilization.history)()}

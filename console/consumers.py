@@ -9,7 +9,7 @@ Server -> client messages:
 
 Auth: a logged-in user with a role, or an API token (``?token=`` or ``Authorization: Bearer``);
 otherwise the socket is closed with 4401 (no credentials) or 4403 (no role). The origin check is
-``console.websocket.AllowedHostsOriginValidator`` around the whole router.
+``console.websocket.AllowedOriginsValidator`` around the whole router.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # serves Swagger UI from its own static files, not a CDN
     "nodes",
     "inference",
     "console",
@@ -105,6 +106,17 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# Bounded input (docs/control-plane.md): an HTTP body past this is a 413 (console/body_limit.py),
+# a websocket message past that closes the connection with 1009 (manage.py serve).
+MAX_REQUEST_BODY_BYTES = int(os.environ.get("PHALANX_MAX_BODY_BYTES", 8 << 20))
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+WEBSOCKET_MAX_MESSAGE_BYTES = int(os.environ.get("PHALANX_WS_MAX_MESSAGE_BYTES", 1 << 20))
+# Browser origins allowed to open websockets (host names, as ALLOWED_HOSTS: "*.example.com");
+# a handshake without Origin (a non-browser client) is allowed and must bring a token.
+WEBSOCKET_ALLOWED_ORIGINS = [
+    o for o in os.environ.get("PHALANX_WS_ALLOWED_ORIGINS", "").split(",") if o
+] or ALLOWED_HOSTS
 
 AUTH_PASSWORD_VALIDATORS: list[dict] = []
 LANGUAGE_CODE = "en-us"

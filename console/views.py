@@ -4,11 +4,12 @@ change through ``console.services``), then render. Live numbers arrive over ``/w
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -94,8 +95,14 @@ def _bearer(request: HttpRequest) -> str | None:
 
 
 def static(request: HttpRequest, path: str) -> HttpResponse:
-    """Serve ``static/`` (the embedded control plane has no web server in front)."""
-    response = serve(request, path, document_root=settings.BASE_DIR / "static")
+    """Serve static files (the embedded control plane has no web server in front): the
+    project's ``static/`` and the apps' own (the admin's, django-ninja's Swagger UI), found the
+    way ``collectstatic`` finds them, so nothing is loaded from the internet."""
+    found = finders.find(path)
+    if not found:
+        raise Http404(f"no static file {path}")
+    found_path = Path(found)
+    response = serve(request, found_path.name, document_root=found_path.parent)
     response["Cache-Control"] = "public, max-age=3600"
     return response
 

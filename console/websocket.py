@@ -9,22 +9,34 @@ with an API token in the consumer.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 
+log = logging.getLogger(__name__)
+
 
 class OriginValidatorAllowingNonBrowsers(OriginValidator):
+    """Channels' validator, letting a handshake without ``Origin`` through and logging every
+    refusal with its reason (an operator's first question when a page's live view is dead)."""
+
     def valid_origin(self, parsed_origin: Any) -> bool:
         if parsed_origin is None:
             return True
-        return super().valid_origin(parsed_origin)
+        if super().valid_origin(parsed_origin):
+            return True
+        log.warning(
+            "websocket refused: Origin %s is not in WEBSOCKET_ALLOWED_ORIGINS %s "
+            "(set $PHALANX_WS_ALLOWED_ORIGINS)",
+            parsed_origin.geturl(),
+            ",".join(self.allowed_origins),
+        )
+        return False
 
 
-def AllowedHostsOriginValidator(application: Any) -> OriginValidatorAllowingNonBrowsers:  # noqa: N802
-    """Wrap ``application`` so a browser's ``Origin`` must be one of ``settings.ALLOWED_HOSTS``."""
-    allowed_hosts = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed_hosts:
-        allowed_hosts = ["localhost", "127.0.0.1", "[::1]"]
-    return OriginValidatorAllowingNonBrowsers(application, allowed_hosts)
+def AllowedOriginsValidator(application: Any) -> OriginValidatorAllowingNonBrowsers:  # noqa: N802
+    """Wrap ``application`` so a browser's ``Origin`` must match
+    ``settings.WEBSOCKET_ALLOWED_ORIGINS`` (by default ``ALLOWED_HOSTS``)."""
+    return OriginValidatorAllowingNonBrowsers(application, settings.WEBSOCKET_ALLOWED_ORIGINS)

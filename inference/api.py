@@ -8,8 +8,8 @@
 - ``GET /api/routing/policy``, ``PUT /api/routing/policy``: read and change the policy; ``PUT``
   takes any subset of the fields and applies on the next request and tick (no restart).
 
-Authentication is the project API's (Bearer token or logged-in user); ``_allow`` is the one place
-that decides who may read and who may change.
+Authentication and roles are each operation's ``auth`` (``console.access.NEEDS_*``): a Bearer
+token or a logged-in user, with the role checked before the body is.
 """
 
 from __future__ import annotations
@@ -19,17 +19,11 @@ from datetime import datetime
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
+from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
 from inference import selectors, services
 from inference.models import RoutingPolicy, SessionRoute
 
 router = Router(tags=["routing"])
-
-
-def _allow(request: HttpRequest, *, write: bool) -> None:
-    """Reads need the viewer role, changes the operator role (``console.access``)."""
-    from console.access import Role, api_require
-
-    api_require(request, Role.OPERATOR if write else Role.VIEWER)
 
 
 def _not_found(session_id: str) -> Exception:
@@ -90,20 +84,18 @@ def _session_out(route: SessionRoute) -> dict:
     }
 
 
-@router.get("/sessions", response={200: SessionListOut})
+@router.get("/sessions", response={200: SessionListOut}, auth=NEEDS_VIEWER)
 def sessions_list(request: HttpRequest, filters: Query[SessionFilter]) -> dict:
     """The routing table, most recently seen first."""
-    _allow(request, write=False)
     count, routes = selectors.session_routes(
         node_id=filters.node, limit=filters.limit, offset=filters.offset
     )
     return {"count": count, "items": [_session_out(r) for r in routes]}
 
 
-@router.post("/sessions/{path:session_id}/release", response={200: ReleaseOut})
+@router.post("/sessions/{path:session_id}/release", response={200: ReleaseOut}, auth=NEEDS_OPERATOR)
 def session_release(request: HttpRequest, session_id: str) -> dict:
     """Unpin a session and erase its KV on the node it leaves (best effort)."""
-    _allow(request, write=True)
     try:
         released, erased = services.route_release_erasing(session_id=session_id)
     except SessionRoute.DoesNotExist:
@@ -111,10 +103,9 @@ def session_release(request: HttpRequest, session_id: str) -> dict:
     return {"session_id": session_id, "released": released, "kv_erased": erased}
 
 
-@router.get("/sessions/{path:session_id}", response={200: SessionDetailOut})
+@router.get("/sessions/{path:session_id}", response={200: SessionDetailOut}, auth=NEEDS_VIEWER)
 def session_show(request: HttpRequest, session_id: str) -> dict:
     """One session: where it is pinned and its decision log."""
-    _allow(request, write=False)
     route = selectors.session_route(session_id=session_id)
     if route is None:
         raise _not_found(session_id)
@@ -181,15 +172,13 @@ class PolicyIn(Schema):
     max_inflight: int | None = None
 
 
-@router.get("/routing/policy", response={200: PolicyOut})
+@router.get("/routing/policy", response={200: PolicyOut}, auth=NEEDS_VIEWER)
 def policy_show(request: HttpRequest) -> RoutingPolicy:
     """The routing policy."""
-    _allow(request, write=False)
     return RoutingPolicy.load()
 
 
-@router.put("/routing/policy", response={200: PolicyOut})
+@router.put("/routing/policy", response={200: PolicyOut}, auth=NEEDS_OPERATOR)
 def policy_change(request: HttpRequest, payload: PolicyIn) -> RoutingPolicy:
     """Change some policy fields; bad values answer 422 naming the field."""
-    _allow(request, write=True)
     return services.policy_update(changes=payload.dict(exclude_unset=True))

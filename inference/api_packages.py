@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from console import selectors, services
-from console.access import api_require
+from console.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.errors import Invalid, NotFound
 from console.models import Role
 from inference.models import ApiToken, ModelPackage
@@ -100,9 +100,14 @@ def _package_out(package: ModelPackage) -> dict:
     }
 
 
-@router.get("/packages", response=list[PackageOut], tags=["packages"], summary="List packages")
+@router.get(
+    "/packages",
+    response=list[PackageOut],
+    tags=["packages"],
+    summary="List packages",
+    auth=NEEDS_VIEWER,
+)
 def packages_list(request: HttpRequest) -> list[dict]:
-    api_require(request, Role.VIEWER)
     return [_package_out(p) for p in ModelPackage.objects.all()]
 
 
@@ -111,9 +116,9 @@ def packages_list(request: HttpRequest) -> list[dict]:
     response=PackageDetailOut,
     tags=["packages"],
     summary="Show a package and what its GGUF file says",
+    auth=NEEDS_VIEWER,
 )
 def packages_show(request: HttpRequest, package_id: int) -> dict:
-    api_require(request, Role.VIEWER)
     package = _package(package_id)
     facts = selectors.gguf_facts(package.gguf_path)
     return {
@@ -128,9 +133,9 @@ def packages_show(request: HttpRequest, package_id: int) -> dict:
     response={200: PackageOut, 201: PackageOut},
     tags=["packages"],
     summary="Register a GGUF file as a package version (idempotent)",
+    auth=NEEDS_ADMIN,
 )
 def packages_create(request: HttpRequest, payload: PackageIn) -> tuple[int, dict]:
-    api_require(request, Role.ADMIN)
     package, created = services.package_register_file(
         name=payload.name, version=payload.version, gguf_path=payload.gguf_path
     )
@@ -142,9 +147,9 @@ def packages_create(request: HttpRequest, payload: PackageIn) -> tuple[int, dict
     response={204: None},
     tags=["packages"],
     summary="Remove a package no node serves",
+    auth=NEEDS_ADMIN,
 )
 def packages_delete(request: HttpRequest, package_id: int) -> tuple[int, None]:
-    api_require(request, Role.ADMIN)
     services.package_remove(package_id=package_id)
     return 204, None
 
@@ -162,9 +167,10 @@ def _token_out(token: ApiToken) -> dict:
     }
 
 
-@router.get("/tokens", response=list[TokenOut], tags=["tokens"], summary="List API tokens")
+@router.get(
+    "/tokens", response=list[TokenOut], tags=["tokens"], summary="List API tokens", auth=NEEDS_ADMIN
+)
 def tokens_list(request: HttpRequest) -> list[dict]:
-    api_require(request, Role.ADMIN)
     return [_token_out(t) for t in selectors.tokens()]
 
 
@@ -173,9 +179,10 @@ def tokens_list(request: HttpRequest) -> list[dict]:
     response={201: TokenCreatedOut},
     tags=["tokens"],
     summary="Create an API token (the plaintext is in this answer only)",
+    auth=NEEDS_ADMIN,
 )
 def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
-    principal = api_require(request, Role.ADMIN)
+    principal = request.auth
     token, plaintext = services.token_issue(
         name=payload.name, role=payload.role, created_by_id=principal.user_id
     )
@@ -183,10 +190,13 @@ def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
 
 
 @router.delete(
-    "/tokens/{token_id}", response=TokenOut, tags=["tokens"], summary="Revoke an API token"
+    "/tokens/{token_id}",
+    response=TokenOut,
+    tags=["tokens"],
+    summary="Revoke an API token",
+    auth=NEEDS_ADMIN,
 )
 def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
-    api_require(request, Role.ADMIN)
     if token_id < 1:
         raise Invalid("token_id: must be positive.", field="token_id")
     return _token_out(services.token_withdraw(token_id=token_id))

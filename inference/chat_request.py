@@ -170,7 +170,7 @@ def _tool_mode(body: dict) -> ToolMode | None:
                 f"tools[{i}].function.name must not be empty.", param=f"tools[{i}].function.name"
             )
         names.append(tool["function"]["name"])
-    choice = body.get("tool_choice", "auto")
+    choice = body.get("tool_choice") or "auto"
     if choice == "none":
         return None
     if isinstance(choice, dict):

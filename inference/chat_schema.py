@@ -64,8 +64,26 @@ def _typed_dict(td: Any) -> Any:
 
 
 def _fields(td: Any) -> dict[str, Any]:
+    """Each field JSON-shaped; an optional field also takes ``null`` (as absent), as OpenAI's
+    API does: clients send back a response's message with ``"tool_calls": null``."""
     hints = typing.get_type_hints(td, include_extras=True)
-    return {name: json_shaped(hint) for name, hint in hints.items()}
+    fields = {}
+    for name, hint in hints.items():
+        shaped = json_shaped(hint)
+        if not _required(td, name, shaped):
+            if get_origin(shaped) in _NOT_REQUIRED:
+                shaped = get_args(shaped)[0]
+            shaped = shaped | None
+        fields[name] = shaped
+    return fields
+
+
+def _required(td: Any, name: str, hint: Any) -> bool:
+    """Whether ``td`` requires ``name`` (the SDK's modules use string annotations, so a
+    ``Required[...]`` there is seen in the resolved hint, not always in ``__required_keys__``)."""
+    if get_origin(hint) in _REQUIRED:
+        return True
+    return name in td.__required_keys__ and get_origin(hint) not in _NOT_REQUIRED
 
 
 def _union(members: tuple[Any, ...]) -> Any:
@@ -82,7 +100,7 @@ def _common_literal_key(members: tuple[Any, ...]) -> str | None:
         values: list[Any] = []
         for member in members:
             hint = typing.get_type_hints(member, include_extras=True).get(key)
-            if hint is None or key not in member.__required_keys__:
+            if hint is None or not _required(member, key, hint):
                 break
             while get_origin(hint) in (*_REQUIRED, Annotated):
                 hint = get_args(hint)[0]

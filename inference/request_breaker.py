@@ -65,6 +65,11 @@ class RequestBreaker:
     nodes: dict[str, _NodeRecord] = field(default_factory=dict)
     failed_on: dict[str, set[str]] = field(default_factory=dict)  # fingerprint -> node ids
 
+    def clear(self) -> None:
+        """Forget every outcome (tests; a control-plane restart does the same)."""
+        self.nodes.clear()
+        self.failed_on.clear()
+
     def success(self, node_id: str, *, now: float | None = None) -> None:
         """A request the node answered without a 5xx."""
         record = self.nodes.setdefault(node_id, _NodeRecord())

@@ -11,9 +11,8 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from console import services
-from console.access import api_require
+from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.errors import Invalid, NotFound
-from console.models import Role
 from inference.models import ModelPackage
 from nodes.models import Node
 
@@ -114,25 +113,22 @@ def _package_id(key: str | None, package_id: int | None) -> int | None:
     return package.pk
 
 
-@router.get("/nodes", response=list[NodeOut], summary="List nodes")
+@router.get("/nodes", response=list[NodeOut], summary="List nodes", auth=NEEDS_VIEWER)
 def nodes_list(request: HttpRequest) -> list[NodeOut]:
-    api_require(request, Role.VIEWER)
     rows = Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
     return [_schema(n) for n in rows]
 
 
-@router.post("/nodes", response={201: NodeOut}, summary="Register a node")
+@router.post("/nodes", response={201: NodeOut}, summary="Register a node", auth=NEEDS_ADMIN)
 def nodes_create(request: HttpRequest, payload: NodeIn) -> tuple[int, NodeOut]:
-    api_require(request, Role.ADMIN)
     data = payload.dict()
     data["package_id"] = _package_id(data.pop("package"), data["package_id"])
     services.node_create(**data)
     return 201, _out(payload.node_id)
 
 
-@router.get("/nodes/{node_id}", response=NodeOut, summary="Show a node")
+@router.get("/nodes/{node_id}", response=NodeOut, summary="Show a node", auth=NEEDS_VIEWER)
 def nodes_show(request: HttpRequest, node_id: str) -> NodeOut:
-    api_require(request, Role.VIEWER)
     return _out(node_id)
 
 
@@ -140,9 +136,9 @@ def nodes_show(request: HttpRequest, node_id: str) -> NodeOut:
     "/nodes/{node_id}",
     response={200: NodeOut, 201: NodeOut},
     summary="Register or replace a node (idempotent)",
+    auth=NEEDS_ADMIN,
 )
 def nodes_put(request: HttpRequest, node_id: str, payload: NodeIn) -> tuple[int, NodeOut]:
-    api_require(request, Role.ADMIN)
     if payload.node_id != node_id:
         raise Invalid("node_id: must match the URL.", field="node_id")
     data = payload.dict()
@@ -155,9 +151,10 @@ def nodes_put(request: HttpRequest, node_id: str, payload: NodeIn) -> tuple[int,
     return 201, _out(node_id)
 
 
-@router.patch("/nodes/{node_id}", response=NodeOut, summary="Change some of a node's fields")
+@router.patch(
+    "/nodes/{node_id}", response=NodeOut, summary="Change some of a node's fields", auth=NEEDS_ADMIN
+)
 def nodes_patch(request: HttpRequest, node_id: str, payload: NodePatchIn) -> NodeOut:
-    api_require(request, Role.ADMIN)
     changes = payload.dict(exclude_unset=True)
     if "package" in changes:
         changes["package_id"] = _package_id(changes.pop("package"), None)
@@ -165,30 +162,35 @@ def nodes_patch(request: HttpRequest, node_id: str, payload: NodePatchIn) -> Nod
     return _out(node_id)
 
 
-@router.delete("/nodes/{node_id}", response={204: None}, summary="Remove a node")
+@router.delete("/nodes/{node_id}", response={204: None}, summary="Remove a node", auth=NEEDS_ADMIN)
 def nodes_delete(request: HttpRequest, node_id: str) -> tuple[int, None]:
-    api_require(request, Role.ADMIN)
     services.node_remove(node_id=node_id)
     return 204, None
 
 
-@router.post("/nodes/{node_id}/drain", response=NodeOut, summary="Drain a node")
+@router.post(
+    "/nodes/{node_id}/drain", response=NodeOut, summary="Drain a node", auth=NEEDS_OPERATOR
+)
 def nodes_drain(request: HttpRequest, node_id: str) -> NodeOut:
-    api_require(request, Role.OPERATOR)
     services.node_set_drained(node_id=node_id, drained=True)
     return _out(node_id)
 
 
-@router.post("/nodes/{node_id}/undrain", response=NodeOut, summary="Undrain a node")
+@router.post(
+    "/nodes/{node_id}/undrain", response=NodeOut, summary="Undrain a node", auth=NEEDS_OPERATOR
+)
 def nodes_undrain(request: HttpRequest, node_id: str) -> NodeOut:
-    api_require(request, Role.OPERATOR)
     services.node_set_drained(node_id=node_id, drained=False)
     return _out(node_id)
 
 
-@router.get("/nodes/{node_id}/events", response=list[NodeEventOut], summary="A node's events")
+@router.get(
+    "/nodes/{node_id}/events",
+    response=list[NodeEventOut],
+    summary="A node's events",
+    auth=NEEDS_VIEWER,
+)
 def nodes_events(request: HttpRequest, node_id: str, limit: int = 50) -> list[NodeEventOut]:
-    api_require(request, Role.VIEWER)
     node = Node.objects.filter(node_id=node_id).first()
     if node is None:
         raise NotFound(f"No node {node_id!r}.", code="node_not_found")

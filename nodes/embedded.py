@@ -170,8 +170,9 @@ def node_environment(node: Node) -> dict[str, str]:
 
 
 def control_plane_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
-    """``daphne -b HOST -p PORT console.asgi:application`` with this interpreter."""
-    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "console.asgi:application"]
+    """``manage.py serve --host HOST --port PORT`` (daphne) with this interpreter."""
+    manage = str(Path(settings.BASE_DIR) / "manage.py")
+    return [sys.executable, manage, "serve", "--host", host, "--port", str(port)]
 
 
 def control_loop_command() -> list[str]:

@@ -1,16 +1,26 @@
-"""Suite-wide hooks: each test starts with empty hot-path caches and ends with every routing
+"""Suite-wide hooks: each test starts with empty hot-path caches (and no request failures
+remembered) and ends with every routing
 record written (the proxy writes routes off the request path, ``inference.route_writer``)."""
 
 from __future__ import annotations
 
+import os
+import secrets
+
 import pytest
+
+# One node secret for this run: node agents the tests start and every control plane they start
+# (in this process or as children, under any PHALANX_HOME) derive the same node credentials.
+os.environ.setdefault("PHALANX_NODE_SECRET", f"tests-{secrets.token_hex(8)}")
 
 
 @pytest.fixture(autouse=True)
 def _fresh_lookups() -> None:
     from inference import lookups
+    from inference.request_breaker import request_breaker
 
     lookups.clear()
+    request_breaker.clear()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -74,11 +74,18 @@ class FakeNode:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
-                node.requests.append({"body": body, "session": self.headers.get("X-Session-Id")})
+                node.requests.append(
+                    {
+                        "body": body,
+                        "session": self.headers.get("X-Session-Id"),
+                        "authorization": self.headers.get("Authorization"),
+                    }
+                )
                 if node.chat_status != 200:
+                    message = "busy" if node.chat_status == 503 else "engine failed"
                     self._json(
                         node.chat_status,
-                        {"error": {"message": "busy", "type": "x", "code": "queue_full"}},
+                        {"error": {"message": message, "type": "x", "code": "x"}},
                     )
                     return
                 if body.get("stream"):

@@ -28,6 +28,45 @@ def test_it_refuses_calls_without_credentials(api, node, path):
     assert response.json()["code"] == "unauthorized"
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("post", "/api/nodes"),
+        ("post", "/api/nodes/node-01/drain"),
+        ("put", "/api/routing/policy"),
+        ("post", "/api/config"),
+        ("delete", "/api/tokens/1"),
+    ],
+)
+def test_it_answers_401_not_csrf_403_to_an_anonymous_change(node, method, path):
+    client = Client(enforce_csrf_checks=True)
+    response = getattr(client, method)(path, data="{}", content_type="application/json")
+    assert response.status_code == 401
+    assert response.json()["code"] == "unauthorized"
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+def test_it_checks_the_role_before_the_body(api, package):
+    bad = {"node_id": "Not A Slug!", "address": "nowhere"}
+    for role in ("viewer", "operator"):
+        response = api(role, "post", "/nodes", bad)
+        assert response.status_code == 403, role
+        assert response.json()["code"] == "forbidden"
+    assert api("admin", "post", "/nodes", bad).status_code == 422
+
+
+def test_it_serves_the_openapi_schema_and_docs_to_a_token(api, tokens):
+    bearer = {"Authorization": f"Bearer {tokens['viewer']}"}
+    schema = Client().get("/api/openapi.json", headers=bearer)
+    assert schema.status_code == 200 and "/api/nodes" in schema.json()["paths"]
+    docs = Client().get("/api/docs", headers=bearer)
+    assert docs.status_code == 200 and b"swagger-ui" in docs.content
+    assert b"cdn.jsdelivr.net" not in docs.content and b"/static/ninja/" in docs.content
+    wrong = Client().get("/api/openapi.json", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert Client().get("/api/openapi.json").status_code == 302  # a browser: to the login form
+
+
 def test_it_refuses_a_revoked_token(api, tokens):
     ApiToken.objects.filter(name="t-admin").update(revoked=True)
     assert api("admin", "get", "/nodes").status_code == 401

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,11 +20,9 @@ import pytest
 from tests.support.processes import (
     REPO,
     Proc,
-    free_port,
+    control_plane_at_home,
     spawn,
-    start_control_plane,
     start_node,
-    wait_healthy,
 )
 
 CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
@@ -57,7 +54,6 @@ SETUP = f"""
 from django.contrib.auth import get_user_model
 from console.access import user_set_role
 from console.models import Role
-from console.services import token_issue
 from inference.models import RoutingPolicy
 from nodes.embedded import package_register_bundled
 from tests.support.processes import bundled_model_path
@@ -70,7 +66,6 @@ policy.health_interval_s = 1.0
 policy.probe_timeout_s = 1.0
 policy.save()
 package_register_bundled(bundled_model_path())
-print(token_issue(name="browser-tests", role=Role.ADMIN)[1])
 """
 
 
@@ -89,31 +84,10 @@ class Array:
 def array(tmp_path_factory) -> Iterator[Array]:
     """daphne + control loop on a fresh SQLite under a temporary PHALANX_HOME."""
     home = tmp_path_factory.mktemp("phalanx-home")
-    env = {**os.environ, "PHALANX_HOME": str(home), "DJANGO_SETTINGS_MODULE": "console.settings"}
-    env.pop("REDIS_URL", None)
-    env.pop("DATABASE_URL", None)
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
-    token = (
-        subprocess.run(
-            [*manage, "shell", "-c", SETUP],
-            cwd=REPO,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    port = free_port()
-    extra = {"PHALANX_HOME": str(home)}
-    daphne = start_control_plane(port, home, env=extra)
-    loop = spawn([*manage, "controlloop"], home / "controlloop.log", env=extra)
-    url = f"http://127.0.0.1:{port}"
+    daphne, token, extra = control_plane_at_home(home, setup=SETUP)
+    loop = spawn([sys.executable, "manage.py", "controlloop"], home / "controlloop.log", env=extra)
     try:
-        wait_healthy(url, daphne, timeout=60)
-        yield Array(url=url, token=token, procs=[daphne, loop])
+        yield Array(url=daphne.url, token=token, procs=[daphne, loop])
     finally:
         for proc in (loop, daphne):
             proc.stop()

@@ -128,18 +128,38 @@ def start_node(
 
 
 def start_control_plane(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
-    """Start the control plane (``daphne console.asgi:application``) on 127.0.0.1:``port``;
+    """Start the control plane (``manage.py serve``, daphne) on 127.0.0.1:``port``;
     returns at once (callers wait for what they need: ``/health``, ``/v1/models``...)."""
-    args = [
-        sys.executable,
-        "-m",
-        "daphne",
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "console.asgi:application",
-    ]
+    args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
     proc = spawn(args, log_dir / "daphne.log", env=env)
     proc.url = f"http://127.0.0.1:{port}"
     return proc
+
+
+def control_plane_at_home(home: Path, *, setup: str = "") -> tuple[Proc, str, dict[str, str]]:
+    """A control plane on a fresh SQLite under ``PHALANX_HOME=home``: migrates, runs ``setup``
+    (Python, in ``manage.py shell``), issues an admin API token and starts ``manage.py serve``
+    on a free port, waiting for ``/health``. Returns the process (``url`` set), the token and
+    the environment additions that other processes of this array need."""
+    extra = {"PHALANX_HOME": str(home)}
+    env = {**os.environ, **extra, "DJANGO_SETTINGS_MODULE": "console.settings"}
+    env.pop("REDIS_URL", None)
+    env.pop("DATABASE_URL", None)
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
+    issue = (
+        "from console.models import Role\nfrom console.services import token_issue\n"
+        'print(token_issue(name="tests", role=Role.ADMIN)[1])'
+    )
+    shell = subprocess.run(
+        [*manage, "shell", "-c", f"{setup}\n{issue}"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    token = shell.stdout.strip().splitlines()[-1]
+    plane = start_control_plane(free_port(), home, env=extra)
+    wait_healthy(plane.url, plane, timeout=60)
+    return plane, token, extra

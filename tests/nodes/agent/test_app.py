@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import httpx
 import pytest
 
-from tests.support.processes import start_node
+from nodes.agent.app import ROUTES
+from nodes.agent.auth import ENV_CREDENTIAL, CredentialCheck
+from tests.support.processes import spawn, start_node
 
 pytestmark = [pytest.mark.model, pytest.mark.e2e]
 PACKAGE = "smollm2-135m-instruct-q4_1"
@@ -143,9 +146,9 @@ def test_it_exports_imports_and_erases_a_session(node) -> None:
         (b"{not json", "not valid JSON"),
         (b"\xff\xfe{}", "not UTF-8"),
         (b"[1, 2]", "must be a JSON object"),
-        (json.dumps({"messages": []}).encode(), "'messages' must be a non-empty list"),
-        (json.dumps({}).encode(), "'messages' is required"),
-        (json.dumps({"messages": "hi"}).encode(), "'messages' must be a non-empty list"),
+        (json.dumps({"messages": []}).encode(), "messages must not be empty"),
+        (json.dumps({}).encode(), "messages is required"),
+        (json.dumps({"messages": "hi"}).encode(), "messages must be a list"),
         (
             json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
             "messages[0].content",
@@ -158,7 +161,7 @@ def test_it_exports_imports_and_erases_a_session(node) -> None:
             json.dumps(
                 {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}
             ).encode(),
-            "'temperature'",
+            "temperature must be a number",
         ),
         (
             json.dumps(
@@ -331,3 +334,44 @@ def test_it_rejects_an_unpaired_surrogate(node) -> None:
     raw = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
     r = httpx.post(f"{node.url}/v1/chat/completions", content=raw, headers=node.headers, timeout=30)
     assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+
+
+def test_it_answers_only_its_control_plane(node) -> None:
+    wrong = {"Authorization": "Bearer phx1.not-the-credential"}
+    for route in ROUTES:
+        for method in route.methods:
+            url = f"{node.url}{route.example}"
+            bare = httpx.request(method, url, timeout=30)
+            guessed = httpx.request(method, url, headers=wrong, timeout=30)
+            if route.public:
+                assert bare.status_code == 200, (method, route.example)
+                continue
+            for response in (bare, guessed):
+                assert response.status_code == 401, (method, route.example)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert "control plane" in response.json()["error"]["message"]
+            allowed = httpx.request(method, url, headers=node.headers, timeout=30)
+            assert allowed.status_code != 401, (method, route.example)
+    assert httpx.get(f"{node.url}/no/such/path").status_code == 401
+
+
+def test_it_will_not_start_without_a_credential(tmp_path) -> None:
+    proc = spawn(
+        [sys.executable, "manage.py", "runnode", "--id", "node-x", "--model", __file__],
+        tmp_path / "node-x.log",
+        env={ENV_CREDENTIAL: ""},
+    )
+    assert proc.popen.wait(timeout=60) != 0
+    assert "no node credential" in proc.log()
+
+
+def test_it_rereads_its_credential_file_for_a_rotation(tmp_path) -> None:
+    file = tmp_path / "credentials"
+    file.write_text("phx1.old  # until the control plane has the new secret\n")
+    check = CredentialCheck(file=file)
+    assert check.accepts("Bearer phx1.old") and not check.accepts("Bearer phx1.new")
+    file.write_text("phx1.old\nphx1.new\n")
+    assert check.accepts("Bearer phx1.old") and check.accepts("Bearer phx1.new")
+    file.write_text("phx1.new\n")
+    assert not check.accepts("Bearer phx1.old") and check.accepts("bearer phx1.new")
+    assert not check.accepts(None) and not check.accepts("phx1.new")

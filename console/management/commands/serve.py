@@ -1,0 +1,46 @@
+"""``manage.py serve --port 8000``: the control plane (``console.asgi:application``) on daphne.
+
+The same server ``daphne console.asgi:application`` starts, with the websocket settings daphne's
+command line cannot set: messages over ``settings.WEBSOCKET_MAX_MESSAGE_BYTES`` close the
+connection with 1009 ("message too big") and a reason, instead of daphne's default of dropping
+the TCP connection (which a client sees as 1006, no reason).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Serve the control plane (pages, /api/, /v1/, websockets) with daphne."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default="127.0.0.1", help="bind address")
+        parser.add_argument("--port", type=int, default=8000)
+
+    def handle(self, *args, **options) -> None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+        from twisted.internet import reactor
+
+        from console.asgi import application
+
+        server = Server(
+            application=application,
+            endpoints=build_endpoint_description_strings(
+                host=options["host"], port=options["port"]
+            ),
+            websocket_max_message_size=settings.WEBSOCKET_MAX_MESSAGE_BYTES,
+            verbosity=0,
+            action_logger=None,
+        )
+
+        def close_oversized_with_1009() -> None:
+            # the factory exists once the reactor runs; its options reach each connection
+            server.ws_factory.setProtocolOptions(failByDrop=False)
+
+        reactor.callWhenRunning(close_oversized_with_1009)
+        self.stdout.write(f"control plane on http://{options['host']}:{options['port']}/")
+        self.stdout.flush()
+        server.run()
