@@ -134,6 +134,8 @@ class PolicyOut(Schema):
     probe_timeout_s: float
     connect_timeout_s: float
     request_timeout_s: float
+    first_byte_floor_s: float
+    first_byte_margin: float
     max_attempts: int
     retry_backoff_ms: int
     session_idle_release_s: float
@@ -160,6 +162,8 @@ class PolicyIn(Schema):
     probe_timeout_s: float | None = None
     connect_timeout_s: float | None = None
     request_timeout_s: float | None = None
+    first_byte_floor_s: float | None = None
+    first_byte_margin: float | None = None
     max_attempts: int | None = None
     retry_backoff_ms: int | None = None
     session_idle_release_s: float | None = None

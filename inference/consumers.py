@@ -23,6 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from inference import lookups, proxy, selectors, services
 from inference.errors import AuthError, BadRequest, NoHealthyNode, ProxyError
+from inference.relay import Upstream, sse_events
 from inference.validation import MAX_SESSION_ID, WsTurn, parse_ws_message
 
 CLOSE_UNAUTHORIZED = 4401
@@ -162,7 +163,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             if event.get(key):
                 done[key] = event[key]
 
-    async def relay(self, upstream: proxy.Upstream) -> tuple[str, dict[str, Any] | None]:
+    async def relay(self, upstream: Upstream) -> tuple[str, dict[str, Any] | None]:
         """Send deltas; returns the reply text and the done event (None after an error)."""
         parts: list[str] = []
         done: dict[str, Any] = {
@@ -175,7 +176,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         error: dict[str, Any] | None = None
         # aclosing: the upstream is closed (and its route written) before the client hears
         # the turn's end, not whenever the generator is collected
-        async with contextlib.aclosing(proxy.sse_events(upstream)) as events:
+        async with contextlib.aclosing(sse_events(upstream)) as events:
             async for event in events:
                 if event == "[DONE]":
                     break

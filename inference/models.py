@@ -89,6 +89,17 @@ class RoutingPolicy(models.Model):
         validators=[MinValueValidator(1.0)],
         help_text="Longest wait for the node's next byte (s).",
     )
+    first_byte_floor_s = models.FloatField(
+        default=5.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Shortest wait for a streamed answer's first byte (s); see first_byte_margin.",
+    )
+    first_byte_margin = models.FloatField(
+        default=3.0,
+        validators=[MinValueValidator(1.0)],
+        help_text="A streamed answer's first byte may take this many times the prompt's "
+        "estimated prefill on the node (at least first_byte_floor_s).",
+    )
     max_attempts = models.PositiveSmallIntegerField(
         default=3,
         validators=[MinValueValidator(1)],

@@ -1,26 +1,23 @@
 """The inference proxy's core, shared by the REST view and the session websocket.
 
 ``upstream_open`` routes a chat request, sends it to the chosen node and waits for the node's
-first body bytes; a failure before that point (refused, timed out, overloaded) is retried on
-another node (with backoff), bumping the failed node's failure counter when it was refused or
-timed out; a node's 500 for one request is that request's failure (``_refused``); a node marked down while the
-request waits (a stopped process) is given up. A session that moves off a live node (drain,
-rebalance) takes its KV along (export, import, erase). After the first byte the request is committed
-to its node: ``sse_passthrough`` relays the node's bytes as they arrive (REST) and
-``sse_events`` decodes them into events (websocket); either ends a stream that breaks mid-way
-with an in-band ``{"error": ...}`` event. Closing the upstream (``Upstream.aclose``), which both do
-on exit or cancellation, drops the connection so the node stops generating.
+first body bytes; a failure before that point (refused, timed out, overloaded, no first byte
+within the request's deadline) is retried on another node (with backoff), bumping the failed
+node's failure counter when it was refused or timed out; a node's 500 for one request is that
+request's failure (``_refused``); a node marked down while the request waits (a stopped
+process) is given up. A session that moves off a live node (drain, rebalance) takes its KV
+along (export, import, erase); a session whose last turn broke on a node is kept off it. After
+the first byte the request is committed to its node: ``inference.relay`` relays and checks the
+answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -28,11 +25,18 @@ import httpx
 from console.bare_http import db_thread
 from console.prometheus import metric_inc
 from inference import lookups, services
+from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
 from inference.errors import ArrayFull, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
+from inference.relay import (
+    Upstream,
+    broken_turns,
+    describe_transport_error,
+    inflight,
+    take_out,
+)
 from inference.request_breaker import request_breaker, request_fingerprint
 from inference.route_writer import route_writer
-from inference.routing import Decision
 from nodes import client as node_client
 from nodes import services as node_services
 from nodes.models import Node
@@ -43,120 +47,42 @@ log = logging.getLogger(__name__)
 _record_failure = db_thread(node_services.node_record_failure)
 _record_kv_move = db_thread(services.route_record_kv_move)
 
-RECORD_DELAY_S = 0.005  # after the first token is relayed, see Upstream.record_soon
 KV_MOVE_TIMEOUT_S = 10.0  # export + import of one session's KV between two nodes
 MAX_BACKOFF_S = 1.0
-
-
-class Inflight:
-    """Requests this process has open, per node and in all (one instance per process).
-
-    Routing reads ``per_node()`` (fresher than the last metrics scrape); the proxy refuses
-    with 429 past the policy's ``max_inflight``. Single event-loop use: no locking needed.
-    """
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, int] = {}
-        self.total = 0
-
-    def acquire(self, node_id: str) -> None:
-        self.nodes[node_id] = self.nodes.get(node_id, 0) + 1
-        self.total += 1
-
-    def release(self, node_id: str) -> None:
-        self.nodes[node_id] = max(0, self.nodes.get(node_id, 0) - 1)
-        self.total = max(0, self.total - 1)
-
-    def per_node(self) -> dict[str, int]:
-        return dict(self.nodes)
-
-
-inflight = Inflight()
-
-
-@dataclass
-class Upstream:
-    """A node's open answer: status, headers, the first body bytes and an iterator for the rest.
-
-    Holds one ``inflight`` slot for its node until ``aclose``.
-    """
-
-    node_id: str
-    decision: Decision
-    status: int
-    headers: httpx.Headers
-    first: bytes
-    rest: AsyncIterator[bytes]
-    response: httpx.Response
-    failure_threshold: int
-    attempts: list[str] = field(default_factory=list)
-    held: Any = None  # the route change route_writer holds for this request
-    recorded: asyncio.Future[None] | None = None
-    record_scheduled: bool = False
-    released: bool = False
-
-    def record(self) -> None:
-        """Queue the request's route record for writing, once."""
-        if self.held is not None:
-            self.recorded = route_writer.commit(self.held)
-            self.held = None
-
-    def record_soon(self) -> None:
-        """``record`` in ``RECORD_DELAY_S``: the relays call it once the node's first token
-        (its second chunk: the first, the role, comes before prefill) has been passed on, so
-        the write takes neither CPU from prefill nor time from that token's way out; it runs
-        while the node decodes the next token."""
-        if self.held is not None and not self.record_scheduled:
-            self.record_scheduled = True
-            asyncio.get_running_loop().call_later(RECORD_DELAY_S, self.record)
-
-    async def aclose(self) -> None:
-        """Close the node's response (drops the connection when unread: the node cancels),
-        then wait until the request's route is in the database (``route_writer``)."""
-        if not self.released:
-            self.released = True
-            inflight.release(self.node_id)
-        await node_client.chat_close(self.response)
-        self.record()
-        if self.recorded is not None:
-            await asyncio.shield(self.recorded)
-
-    async def read_all(self) -> bytes:
-        """The whole body; raises ``UpstreamError`` when the node breaks before the end."""
-        parts = [self.first]
-        try:
-            async for chunk in self.rest:
-                parts.append(chunk)
-                self.record()
-        except httpx.TransportError as exc:
-            await self._broke(exc)
-            raise UpstreamError(f"{self.node_id} broke off its answer: {_describe(exc)}") from exc
-        finally:
-            await self.aclose()
-        return b"".join(parts)
-
-    async def _broke(self, exc: Exception) -> None:
-        await _record_failure(
-            node_id=self.node_id,
-            reason=f"broke mid-answer: {_describe(exc)}",
-            failure_threshold=self.failure_threshold,
-        )
 
 
 class NodeWentDown(Exception):
     """The node was marked down while we waited for its first byte."""
 
 
+class FirstByteLate(Exception):
+    """The node sent nothing within the request's first-byte deadline (the message: why)."""
+
+
+def _deadline(
+    target: services.RouteTarget, payload: dict[str, Any], policy: RoutingPolicy
+) -> FirstByteDeadline | None:
+    """The first-byte deadline of a streamed request on ``target`` (None when not streamed)."""
+    if not payload.get("stream"):
+        return None
+    chars = uncached_prompt_chars(
+        payload.get("messages") or (), cached_on_node=target.decision.action == "stuck"
+    )
+    return first_byte_deadline(
+        uncached_chars=chars,
+        prefill_speed=target.prefill_speed,
+        floor_s=policy.first_byte_floor_s,
+        margin=policy.first_byte_margin,
+        cap_s=policy.request_timeout_s,
+    )
+
+
 def _describe(exc: Exception) -> str:
     if isinstance(exc, NodeWentDown):
         return "went down while the request waited"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timed out ({type(exc).__name__})"
-    return (
-        f"unreachable ({type(exc).__name__})"
-        if isinstance(exc, httpx.ConnectError)
-        else (type(exc).__name__)
-    )
+    if isinstance(exc, FirstByteLate):
+        return str(exc)
+    return describe_transport_error(exc)
 
 
 @db_thread
@@ -204,6 +130,34 @@ async def _route(
     return target, held
 
 
+BROKE_LAST_TURN = "broke the session's last turn"
+
+
+async def _route_avoiding(
+    *,
+    session_id: str | None,
+    model: str,
+    exclude: dict[str, str],
+    new_turn: bool,
+    policy: RoutingPolicy,
+) -> tuple[services.RouteTarget, Any]:
+    """``_route``; a node kept out only because it broke the session's last turn is taken
+    back when no other node can serve (a one-node array still answers)."""
+    try:
+        return await _route(
+            session_id=session_id, model=model, exclude=exclude, new_turn=new_turn, policy=policy
+        )
+    except (NoHealthyNode, ArrayFull):
+        avoided = [n for n, why in exclude.items() if why == BROKE_LAST_TURN]
+        if not avoided:
+            raise
+        for node_id in avoided:
+            del exclude[node_id]
+        return await _route(
+            session_id=session_id, model=model, exclude=exclude, new_turn=new_turn, policy=policy
+        )
+
+
 @db_thread
 def _node_is_down(node_id: str) -> bool:
     return Node.objects.filter(node_id=node_id, state=Node.State.DOWN).exists()
@@ -240,17 +194,23 @@ async def _open_first(
 
 
 async def _watched(
-    node_id: str, opening: Any, *, check_every_s: float
+    node_id: str, opening: Any, *, check_every_s: float, deadline: FirstByteDeadline | None
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
     """Await ``opening`` (``_open_first``), checking every ``check_every_s`` seconds whether
     the control loop marked the node down meanwhile (a stopped process accepts connections but
-    never answers); then raises ``NodeWentDown``. Cancelling closes the node's response."""
+    never answers); then raises ``NodeWentDown``. Past ``deadline`` (None: none) raises
+    ``FirstByteLate``. Cancelling closes the node's response."""
     task = asyncio.ensure_future(opening)
+    give_up_at = time.monotonic() + deadline.seconds if deadline else float("inf")
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=check_every_s)
+            wait = min(check_every_s, max(0.0, give_up_at - time.monotonic()))
+            done, _ = await asyncio.wait({task}, timeout=wait)
             if done:
                 return task.result()
+            if time.monotonic() >= give_up_at:
+                assert deadline is not None
+                raise FirstByteLate(deadline.why)
             if await _node_is_down(node_id):
                 raise NodeWentDown(node_id)
     finally:
@@ -351,13 +311,16 @@ async def upstream_open(
             retry_after=1,
         )
     exclude: dict[str, str] = {}
+    broke_last_turn = broken_turns.take(session_id)
+    if broke_last_turn:
+        exclude[broke_last_turn] = BROKE_LAST_TURN
     for attempt in range(policy.max_attempts):
         if attempt:
             metric_inc("phalanx_proxy_retries_total")
             await asyncio.sleep(
                 min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
             )
-        target, held = await _route(
+        target, held = await _route_avoiding(
             session_id=session_id,
             model=model,
             exclude=exclude,
@@ -407,11 +370,12 @@ async def _attempt(
                 policy=policy,
             ),
             check_every_s=max(0.2, policy.health_interval_s / 2),
+            deadline=_deadline(target, payload, policy),
         )
     except BaseException as exc:
         inflight.release(target.node_id)
         route_writer.commit(held)
-        if not isinstance(exc, httpx.TransportError | NodeWentDown):
+        if not isinstance(exc, httpx.TransportError | NodeWentDown | FirstByteLate):
             raise  # the client went away (cancelled)
         log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
         await _exclude(target.node_id, _describe(exc), exclude, policy, failed=True)
@@ -433,6 +397,8 @@ async def _attempt(
         list(exclude),
         held,
         recorded,
+        payload,
+        session_id,
     )
 
 
@@ -469,7 +435,7 @@ async def _refused(
     metric_inc("phalanx_proxy_node_request_errors_total")
     trip = request_breaker.failure(target.node_id, request_fingerprint(payload), message)
     if trip is not None:
-        await _record_failure(node_id=target.node_id, reason=trip.describe(), failure_threshold=1)
+        await take_out(target.node_id, trip.describe())
     raise UpstreamError(
         f"{target.node_id} failed this request ({status}): {message}",
         code="node_error",
@@ -494,92 +460,3 @@ async def _exclude(
         await _record_failure(
             node_id=node_id, reason=reason, failure_threshold=policy.failure_threshold
         )
-
-
-def sse_error_event(message: str, *, code: str = "upstream_error") -> bytes:
-    """An in-band SSE error event followed by ``[DONE]`` (the node protocol's shape)."""
-    body = {"error": {"message": message, "type": "upstream_error", "code": code}}
-    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-
-
-async def sse_passthrough(upstream: Upstream) -> AsyncIterator[bytes]:
-    """Relay the node's SSE bytes chunk by chunk as they arrive.
-
-    A break mid-way ends the stream with ``sse_error_event``. When the consumer stops (client
-    disconnect cancels the generator) the upstream is closed, so the node stops generating.
-    """
-    tail = upstream.first[-2:]
-    try:
-        if upstream.first:
-            yield upstream.first
-        async for chunk in upstream.rest:
-            if chunk:
-                tail = (tail + chunk)[-2:]
-                yield chunk
-                upstream.record_soon()
-    except httpx.TransportError as exc:
-        await upstream._broke(exc)
-        separator = b"" if tail == b"\n\n" or not tail else b"\n\n"
-        yield separator + sse_error_event(
-            f"{upstream.node_id} broke off the stream: {_describe(exc)}"
-        )
-    finally:
-        await upstream.aclose()
-
-
-class SSEDecoder:
-    """Incremental SSE decoder: feed bytes, get the JSON payloads of complete ``data:`` events.
-
-    ``[DONE]`` is returned as the string ``"[DONE]"``; undecodable data as ``{"raw": text}``.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, chunk: bytes) -> list[Any]:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        events: list[Any] = []
-        while b"\n\n" in self._buffer:
-            raw, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = "\n".join(
-                line[5:].lstrip()
-                for line in raw.decode("utf-8", "replace").split("\n")
-                if line.startswith("data:")
-            )
-            if not data:
-                continue
-            if data.strip() == "[DONE]":
-                events.append("[DONE]")
-                continue
-            try:
-                events.append(json.loads(data))
-            except ValueError:
-                events.append({"raw": data})
-        return events
-
-
-async def sse_events(upstream: Upstream) -> AsyncIterator[Any]:
-    """Decoded SSE events of a streamed answer (dicts, then ``"[DONE]"``).
-
-    A break mid-way yields ``{"error": {"message": ...}}`` and ends; the upstream is always
-    closed on exit.
-    """
-    decoder = SSEDecoder()
-    try:
-        for event in decoder.feed(upstream.first):
-            yield event
-        async for chunk in upstream.rest:
-            for event in decoder.feed(chunk):
-                yield event
-            upstream.record_soon()
-    except httpx.TransportError as exc:
-        await upstream._broke(exc)
-        yield {
-            "error": {
-                "message": f"{upstream.node_id} broke off the stream: {_describe(exc)}",
-                "type": "upstream_error",
-                "code": "upstream_error",
-            }
-        }
-    finally:
-        await upstream.aclose()

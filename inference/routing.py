@@ -54,6 +54,7 @@ class NodeView:
     ``total``: configured sequences (None when unknown). ``kv_used`` / ``kv_capacity``: KV tokens
     from its metrics. ``max_sessions`` / ``kv_budget``: operator limits (0 = none).
     ``inflight``: requests this control-plane process has open to it right now.
+    ``prefill_speed``: prompt tokens/s it prefills at (None until measured).
     """
 
     node_id: str
@@ -69,6 +70,7 @@ class NodeView:
     max_sessions: int = 0
     kv_budget: int = 0
     inflight: int = 0
+    prefill_speed: float | None = None
 
 
 @dataclass(frozen=True)

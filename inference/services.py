@@ -170,6 +170,7 @@ class RouteTarget:
     decision: Decision
     kv_source: str | None = None
     record: RouteWrite | None = None
+    prefill_speed: float | None = None  # the node's, tokens/s (first-byte deadline)
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,13 @@ def route_plan(
         decision = _decide(
             table.views, model=model, exclude=exclude, limits=limits, retry_after=retry_after
         )
-        return RouteTarget(decision.node_id, table.addresses[decision.node_id], model, decision)
+        return RouteTarget(
+            decision.node_id,
+            table.addresses[decision.node_id],
+            model,
+            decision,
+            prefill_speed=table.prefill_speed(decision.node_id),
+        )
     now = now or timezone.now()
     pin = _session_pin(row, now=now, cooldown_s=policy.move_cooldown_s)
     plan = _decide(
@@ -294,6 +301,7 @@ def route_plan(
         decision,
         kv_source=kv_source,
         record=record,
+        prefill_speed=table.prefill_speed(decision.node_id),
     )
 
 

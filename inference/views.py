@@ -15,6 +15,7 @@ from console.bare_http import db_thread
 from inference import lookups, proxy, selectors, services
 from inference.errors import MethodNotAllowed, ProxyError
 from inference.models import RoutingPolicy
+from inference.relay import sse_passthrough
 from inference.validation import check_chat_body, parse_json_object, session_key
 
 NODE_HEADER = "X-Phalanx-Node"
@@ -66,7 +67,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     content_type = upstream.headers.get("content-type", "application/json")
     if upstream.status == 200 and content_type.startswith("text/event-stream"):
         response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
-            proxy.sse_passthrough(upstream), content_type="text/event-stream"
+            sse_passthrough(upstream), content_type="text/event-stream"
         )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"

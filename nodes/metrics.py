@@ -60,8 +60,9 @@ def _get(samples: dict[str, float], key: str) -> float | None:
 
 def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
     """Summarise a node's samples: ``{"load", "active", "queue", "total", "busy", "kv_used",
-    "kv_capacity", "requests"}`` (counts; ``load`` unitless; ``requests`` is the node's
-    ``phalanx_node_requests_total``, used to tell an idle node for canaries).
+    "kv_capacity", "requests", "prefill_speed"}`` (counts; ``load`` unitless; ``requests`` is
+    the node's ``phalanx_node_requests_total``, used to tell an idle node for canaries;
+    ``prefill_speed`` prompt tokens/s, None until measured, for first-byte deadlines).
 
     ``load`` = (active sequences + queue depth) / configured sequences, so 0 is idle, 1 is every
     sequence busy and above 1 means requests wait. Without ``phalanx_node_sequences_total`` it
@@ -87,4 +88,5 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
         "kv_used": _get(samples, "phalanx_node_kv_used_tokens"),
         "kv_capacity": _get(samples, "phalanx_node_kv_capacity_tokens"),
         "requests": _get(samples, "phalanx_node_requests_total"),
+        "prefill_speed": _get(samples, "phalanx_node_prefill_speed_tokens_per_second") or None,
     }

@@ -58,6 +58,11 @@ class NodeTable:
     package_ids: dict[str, int | None] = field(default_factory=dict)
     pinned_read_at: float = 0.0
 
+    def prefill_speed(self, node_id: str) -> float | None:
+        """The node's measured prefill speed (tokens/s), None when unknown."""
+        view = next((v for v in self.views if v.node_id == node_id), None)
+        return view.prefill_speed if view else None
+
     def with_local_counts(
         self, *, pinned_delta: Mapping[str, int], inflight: Mapping[str, int]
     ) -> NodeTable:
@@ -132,6 +137,7 @@ def nodes_for_routing(
                 max_sessions=node["max_sessions"],
                 kv_budget=node["kv_budget_tokens"],
                 inflight=open_requests.get(node_id, 0),
+                prefill_speed=_number(seen, "prefill_speed"),
             )
         )
         addresses[node_id] = node["address"]

@@ -56,7 +56,8 @@ def node_record_probe(
                 node,
                 Node.State.UP,
                 NodeEvent.Kind.CAME_BACK,
-                f"answers /health again ({node.consecutive_successes} good probes)",
+                f"answers /health again ({node.consecutive_successes} good probes"
+                + (", the last with a canary completion)" if canary_ran else ")"),
             )
         elif node.state == Node.State.UNKNOWN:
             node.state = Node.State.UP

@@ -17,10 +17,12 @@ os.environ.setdefault("PHALANX_NODE_SECRET", f"tests-{secrets.token_hex(8)}")
 @pytest.fixture(autouse=True)
 def _fresh_lookups() -> None:
     from inference import lookups
+    from inference.relay import broken_turns
     from inference.request_breaker import request_breaker
 
     lookups.clear()
     request_breaker.clear()
+    broken_turns.clear()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -2,6 +2,7 @@
 
 Runs a threaded HTTP/1.1 server on a free loopback port. Streams are sent chunked, so closing the
 socket mid-way looks like a broken stream to the client. Every chat request is recorded.
+``shape`` makes a streamed answer misbehave the ways a sick node does (see ``SHAPES``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class FakeNode:
     health_status: int = 200
     chat_status: int = 200
     break_after: int | None = None  # close the socket after this many tokens
+    shape: str = "ok"  # one of SHAPES: how a streamed answer ends
     metrics_text: str = (
         'phalanx_node_busy 0\nphalanx_node_sequences{state="active"} 1\n'
         "phalanx_node_sequences_total 4\nphalanx_node_queue_depth 1\n"
@@ -88,10 +90,35 @@ class FakeNode:
                         {"error": {"message": message, "type": "x", "code": "x"}},
                     )
                     return
+                if node.shape == "silent":
+                    time.sleep(30)  # accepted, never answered
+                    self.close_connection = True
+                    return
+                if node.shape == "empty_200":
+                    self._raw_response(b"", content_type="application/json")
+                    return
+                if body.get("stream") and node.shape == "close_delimited":
+                    self._raw_response(_events(node, finish=False, done=False), close=True)
+                    return
                 if body.get("stream"):
                     self._stream()
                 else:
                     self._json(200, _completion(node, "".join(node.tokens)))
+
+            def _raw_response(
+                self, data: bytes, content_type: str = "text/event-stream", close: bool = False
+            ) -> None:
+                """200 with ``data``: Content-Length framed, or (``close``) ended by closing."""
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                if close:
+                    self.send_header("Connection", "close")
+                else:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                self.wfile.flush()
+                self.close_connection = True
 
             def _chunk(self, data: bytes) -> None:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -110,13 +137,13 @@ class FakeNode:
                             self.close_connection = True
                             return
                         time.sleep(node.token_delay)
-                        chunk = {
-                            "object": "chat.completion.chunk",
-                            "choices": [
-                                {"index": 0, "delta": {"content": token}, "finish_reason": None}
-                            ],
-                        }
-                        self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                        if node.shape == "malformed" and i == 1:
+                            self._chunk(b'data: {"choices": [{"delta": {"content": "oops\n\n')
+                        self._chunk(f"data: {json.dumps(_token_chunk(token))}\n\n".encode())
+                    if node.shape == "no_finish":
+                        self.wfile.write(b"0\r\n\r\n")  # a clean end: no finish, no [DONE]
+                        self.wfile.flush()
+                        return
                     last = {
                         "object": "chat.completion.chunk",
                         "choices": [],
@@ -144,6 +171,30 @@ class FakeNode:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+
+SHAPES = ("ok", "no_finish", "close_delimited", "empty_200", "malformed", "silent")
+
+
+def _token_chunk(token: str) -> dict[str, Any]:
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}],
+    }
+
+
+def _events(node: FakeNode, *, finish: bool, done: bool) -> bytes:
+    """The SSE body of an answer, whole; without its finish chunk and ``[DONE]`` as asked."""
+    events = [_token_chunk(t) for t in node.tokens]
+    if finish:
+        events.append(
+            {
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            }
+        )
+    text = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+    return (text + ("data: [DONE]\n\n" if done else "")).encode()
 
 
 def _usage(node: FakeNode) -> dict[str, Any]:

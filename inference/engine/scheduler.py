@@ -126,6 +126,24 @@ class RateWindow:
         return sum(c for _, c in self._events) / self.seconds
 
 
+class SpeedMeter:
+    """Prefill speed: prompt tokens per second of the steps that prefilled, as an exponential
+    moving average (weight ``alpha`` per step); 0.0 until a step of at least ``min_tokens``.
+    Unlike ``RateWindow`` (throughput, 0 when idle) it says how fast the node *can* prefill,
+    which the control plane uses for a request's first-byte deadline."""
+
+    def __init__(self, *, alpha: float = 0.2, min_tokens: int = 16) -> None:
+        self.alpha = alpha
+        self.min_tokens = min_tokens
+        self.value = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if tokens < self.min_tokens or seconds <= 0:
+            return
+        speed = tokens / seconds
+        self.value = speed if not self.value else self.value + self.alpha * (speed - self.value)
+
+
 @dataclass
 class EngineStats:
     requests_total: int = 0
@@ -136,6 +154,7 @@ class EngineStats:
     cancelled_total: int = 0
     prefill_rate: RateWindow = field(default_factory=RateWindow)
     decode_rate: RateWindow = field(default_factory=RateWindow)
+    prefill_speed: SpeedMeter = field(default_factory=SpeedMeter)
 
 
 class Engine:
@@ -354,6 +373,7 @@ class Engine:
             seq = req.seq
             to_sample.append((req, batch.add(req.last_token, len(seq.tokens), seq.seq_id, True)))
         chunks = self._add_prefill_chunks(to_sample)
+        started = time.perf_counter()
         try:
             self.ctx.decode()
         except LlamaError as exc:
@@ -366,7 +386,9 @@ class Engine:
             req.seq.tokens.append(req.last_token)
         for req, chunk in chunks:
             req.seq.tokens.extend(chunk)
-        self.stats.prefill_rate.add(sum(len(c) for _, c in chunks), now)
+        prefilled = sum(len(c) for _, c in chunks)
+        self.stats.prefill_rate.add(prefilled, now)
+        self.stats.prefill_speed.add(prefilled, now - started)
         self.stats.decode_rate.add(len(decoding), now)
         for req, index in to_sample:
             self._on_token(req, self.ctx.sample(req.sampler.ptr, index))
@@ -484,6 +506,7 @@ class Engine:
             else 0.0,
             "prefill_tokens_per_second": s.prefill_rate.rate(now),
             "decode_tokens_per_second": s.decode_rate.rate(now),
+            "prefill_speed_tokens_per_second": s.prefill_speed.value,
         }
 
     def slots(self) -> list[dict[str, Any]]:

@@ -78,6 +78,12 @@ _SERIES = [
         "gauge",
         "Tokens generated per second, last 10 s.",
     ),
+    (
+        "prefill_speed_tokens_per_second",
+        "phalanx_node_prefill_speed_tokens_per_second",
+        "gauge",
+        "How fast the node prefills: prompt tokens per second of prefilling steps (moving average).",
+    ),
 ]
 
 

@@ -1,0 +1,141 @@
+"""Every answer ends honestly, against fake nodes that misbehave the ways sick nodes do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import AsyncClient
+
+from console.asgi import application
+from inference.models import RouteDecision, RoutingPolicy, SessionRoute
+from nodes.control import ControlLoop
+from nodes.models import Node, NodeEvent
+from tests.fakenode import HungListener
+from tests.inference.conftest import MODEL
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT = "/v1/chat/completions"
+TRUNCATIONS = ["no_finish", "close_delimited", "malformed"]
+
+
+async def post(auth: dict, session: str | None = None, content: str = "hi", **extra):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+    headers = {**auth, **({"X-Session-Id": session} if session else {})}
+    return await AsyncClient().post(
+        CHAT, json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+async def text_of(response) -> str:
+    return b"".join([c async for c in response.streaming_content]).decode()
+
+
+def data_events(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+async def only_node_01_serves(fakes) -> None:
+    """node-02 looks busy, so new sessions land on node-01."""
+    await sync_to_async(Node.objects.filter(node_id="node-02").update)(last_seen_load={"load": 0.9})
+
+
+@pytest.mark.parametrize("shape", TRUNCATIONS)
+async def test_a_dishonest_stream_ends_with_an_error_event_and_counts(fakes, auth, shape):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = shape
+    response = await post(auth, "trunc", stream=True)
+    assert response.status_code == 200 and response["X-Phalanx-Node"] == "node-01"
+    events = data_events(await text_of(response))
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["message"].startswith("node-01 ")
+    assert all("oops" not in e for e in events)  # a malformed event is never relayed
+    node = await Node.objects.aget(node_id="node-01")
+    assert node.consecutive_failures == 1 and "broke mid-answer" in node.last_probe_error
+
+
+async def test_the_next_turn_leaves_the_node_that_broke_the_last(fakes, auth):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = "no_finish"
+    first = await post(auth, "moving", stream=True)
+    assert first["X-Phalanx-Node"] == "node-01" and '"error"' in await text_of(first)
+    fakes["node-01"].shape = "ok"
+    second = await post(auth, "moving", stream=True)
+    assert second["X-Phalanx-Node"] == "node-02"
+    assert "error" not in await text_of(second)
+    route = await SessionRoute.objects.select_related("node").aget(session_id="moving")
+    assert route.node.node_id == "node-02"
+    reasons = [d.reason async for d in RouteDecision.objects.filter(route=route)]
+    assert "moved to node-02: node-01 broke the session's last turn" in reasons
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_empty_200_is_a_502(fakes, auth, stream):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = "empty_200"
+    response = await post(auth, stream=stream)
+    assert response.status_code == 502
+    assert (
+        "node-01 answered 200 with an empty body"
+        in json.loads(response.content)["error"]["message"]
+    )
+    assert (await Node.objects.aget(node_id="node-01")).consecutive_failures == 1
+
+
+@pytest.mark.parametrize("shape", ["no_finish", "malformed"])
+async def test_a_broken_websocket_turn_is_an_error_and_stays_out_of_the_transcript(
+    fakes, token, shape
+):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = shape
+    comm = WebsocketCommunicator(application, f"/ws/sessions/ws-trunc/?token={token}")
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "user", "content": "hi"})
+    events = []
+    while not events or events[-1]["type"] not in ("done", "error"):
+        events.append(await comm.receive_json_from(timeout=10))
+    await comm.disconnect()
+    assert events[-1]["type"] == "error" and events[-1]["message"].startswith("node-01 ")
+    assert all("oops" not in e.get("content", "") for e in events)
+    route = await SessionRoute.objects.aget(session_id="ws-trunc")
+    assert route.transcript == []
+
+
+async def test_a_silent_node_is_left_at_the_first_byte_deadline(fakes, auth):
+    policy = await sync_to_async(RoutingPolicy.load)()
+    policy.first_byte_floor_s = 1.0
+    await sync_to_async(policy.save)()
+    silent = HungListener()
+    try:
+        await sync_to_async(Node.objects.filter(node_id="node-01").update)(address=silent.address)
+        await only_node_01_serves(fakes)
+        response = await post(auth, "deadline", stream=True)
+        assert response.status_code == 200 and response["X-Phalanx-Node"] == "node-02"
+        assert "error" not in await text_of(response)
+    finally:
+        silent.close()
+    route = await SessionRoute.objects.aget(session_id="deadline")
+    reasons = [d.reason async for d in RouteDecision.objects.filter(route=route)]
+    assert any("node-01 no first byte within 1.0 s" in r for r in reasons), reasons
+
+
+async def test_a_node_failing_every_request_behind_a_green_health_stays_out(fakes, auth):
+    policy = await sync_to_async(RoutingPolicy.load)()
+    policy.recovery_threshold = 1
+    await sync_to_async(policy.save)()
+    await only_node_01_serves(fakes)
+    fakes["node-01"].chat_status = 500
+    for i in range(3):
+        assert (await post(auth, content=f"question {i}")).status_code == 502
+    assert (await Node.objects.aget(node_id="node-01")).state == Node.State.DOWN
+    await sync_to_async(ControlLoop().tick)()  # /health is 200, the canary gets a 500
+    assert (await Node.objects.aget(node_id="node-01")).state == Node.State.DOWN
+    fakes["node-01"].chat_status = 200
+    await sync_to_async(ControlLoop().tick)()
+    assert (await Node.objects.aget(node_id="node-01")).state == Node.State.UP
+    back = await NodeEvent.objects.aget(node__node_id="node-01", kind=NodeEvent.Kind.CAME_BACK)
+    assert "canary completion" in back.message
