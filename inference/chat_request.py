@@ -22,14 +22,20 @@ TEXT_PART_TYPES = frozenset({"text", "refusal"})
 
 @dataclass(frozen=True)
 class ToolMode:
-    """How tools constrain a turn: ``auto`` (text or one call), ``required`` or one named tool."""
+    """How tools constrain a turn: ``auto`` (text or one call), ``none`` (text only: the tools
+    are still described, so the prompt's prefix, and the session's KV, stay the same as on the
+    turns that may call), ``required`` or one named tool."""
 
     tools: tuple[dict[str, Any], ...]
-    choice: str  # "auto" | "required" | the name of a function
+    choice: str  # "auto" | "none" | "required" | the name of a function
 
     @property
     def forces_call(self) -> bool:
-        return self.choice != "auto"
+        return self.choice not in ("auto", "none")
+
+    @property
+    def allows_call(self) -> bool:
+        return self.choice != "none"
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,6 @@ def _tool_mode(body: dict) -> ToolMode | None:
             )
         names.append(tool["function"]["name"])
     choice = body.get("tool_choice") or "auto"
-    if choice == "none":
-        return None
     if isinstance(choice, dict):
         if choice["type"] != "function":
             raise BadRequest(

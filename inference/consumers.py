@@ -1,14 +1,18 @@
 """Session websocket ``/ws/sessions/<session_id>/``: chat with a stored transcript.
 
 Client -> server: ``{"type": "user", "content": "..."}`` (``{"message": ...}`` and
-``{"content": ...}`` too), optional ``model``, ``max_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stop``. Server -> client: ``{"type": "delta", "content": "..."}`` per token, then
-``{"type": "done", "node": "node-01", "content": full reply, "finish_reason", "usage",
-"timings"}``; or ``{"type": "error", "message", "code"}``. One turn at a time per connection.
+``{"content": ...}`` too) or a tool result ``{"type": "tool", "tool_call_id": "...",
+"content": "..."}``, each with optional ``model``, ``max_tokens``, ``temperature``, ``top_p``,
+``seed``, ``stop``, and ``tools`` / ``tool_choice`` (OpenAI's shapes; a message without
+``tools`` uses the last ones this connection sent, ``tool_choice`` applies to its own turn). Server -> client: ``{"type": "delta", "content"}``
+per token; ``{"type": "tool_call", "id", "name", "arguments"}`` for each call the model makes;
+then ``{"type": "done", "node": "node-01", "content": full reply, "tool_calls", "finish_reason",
+"usage", "timings"}``; or ``{"type": "error", "message", "code", "param"}``. One turn at a time
+per connection. Each turn is validated as the REST proxy validates a request.
 
 The session is the same ``SessionRoute`` the REST proxy pins (same service, same log). The
-transcript grows by the user message and the reply only when a turn completes, so a failed turn
-can simply be sent again.
+transcript grows by the client's message and the reply (with its tool calls) only when a turn
+completes, so a failed turn can simply be sent again.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from inference import lookups, proxy, selectors, services
 from inference.errors import AuthError, BadRequest, NoHealthyNode, ProxyError
 from inference.relay import Upstream, sse_events
-from inference.validation import MAX_SESSION_ID, WsTurn, parse_ws_message
+from inference.validation import MAX_SESSION_ID, WsTurn, check_chat_body, parse_ws_message
 
 CLOSE_UNAUTHORIZED = 4401
 
@@ -48,6 +52,7 @@ def _authenticate(scope: dict[str, Any]) -> str:
 
 @sync_to_async
 def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, Any]]]:
+    """The package name to use and the messages to send: the transcript plus the new one."""
     name = turn.model or services.session_package_name(session_id=session_id)
     if name is None:
         default = selectors.package_default()
@@ -56,7 +61,7 @@ def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, An
         name = default.name
     package = lookups.package_for_model(name)
     history = services.transcript_get(session_id=session_id)
-    return package.name, [*history, {"role": "user", "content": turn.content}]
+    return package.name, [*history, turn.message]
 
 
 _append = sync_to_async(services.transcript_append)
@@ -68,6 +73,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     session_id: str
     authenticated: bool = False
     turn_task: asyncio.Task[None] | None = None
+    tools: list[Any] | None = None  # the last tools this connection sent
 
     async def connect(self) -> None:
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
@@ -118,21 +124,33 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_error(self, exc: ProxyError) -> None:
         event: dict[str, Any] = {"type": "error", "message": exc.message, "code": exc.code}
+        if exc.param is not None:
+            event["param"] = exc.param
         if exc.retry_after is not None:
             event["retry_after"] = exc.retry_after
         await self.send_json(event)
 
     async def run_turn(self, turn: WsTurn) -> None:
-        """Route, stream deltas, then store the exchange and send ``done``."""
+        """Validate, route, stream deltas and tool calls, then store the exchange and send
+        ``done``."""
         try:
             model, messages = await _prepare_turn(self.session_id, turn)
+            if "tools" in turn.tools:
+                self.tools = turn.tools["tools"]
             payload = {
                 "model": model,
                 "messages": messages,
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 **turn.options,
+                **({"tools": self.tools} if self.tools else {}),
+                **(
+                    {"tool_choice": turn.tools["tool_choice"]}
+                    if "tool_choice" in turn.tools
+                    else {}
+                ),
             }
+            check_chat_body(payload)
             upstream = await proxy.upstream_open(
                 payload=payload, model=model, session_id=self.session_id
             )
@@ -142,30 +160,32 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             reply, done = await self.relay(upstream)
             if done is None:
                 return
-            await _append(
-                session_id=self.session_id,
-                messages=[messages[-1], {"role": "assistant", "content": reply}],
-            )
+            await _append(session_id=self.session_id, messages=[messages[-1], reply])
             await self.send_json(done)
         except ProxyError as exc:
             await self.send_error(exc)
 
-    async def _pass_on(self, event: dict[str, Any], parts: list[str], done: dict[str, Any]) -> None:
-        """Send an SSE chunk's content as ``delta`` events; note finish reason, usage, timings."""
+    async def _pass_on(self, event: dict[str, Any], answer: Answer, done: dict[str, Any]) -> None:
+        """Send an SSE chunk's content as ``delta`` events, gather its tool-call pieces; note
+        finish reason, usage, timings."""
         for choice in event.get("choices") or []:
-            content = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
             if content:
-                parts.append(content)
+                answer.parts.append(content)
                 await self.send_json({"type": "delta", "content": content})
+            for piece in delta.get("tool_calls") or []:
+                answer.add_tool_call_piece(piece)
             if choice.get("finish_reason"):
                 done["finish_reason"] = choice["finish_reason"]
         for key in ("usage", "timings"):
             if event.get(key):
                 done[key] = event[key]
 
-    async def relay(self, upstream: Upstream) -> tuple[str, dict[str, Any] | None]:
-        """Send deltas; returns the reply text and the done event (None after an error)."""
-        parts: list[str] = []
+    async def relay(self, upstream: Upstream) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Send deltas and tool calls; returns the assistant message for the transcript and
+        the done event (None after an error)."""
+        answer = Answer()
         done: dict[str, Any] = {
             "type": "done",
             "node": upstream.node_id,
@@ -185,12 +205,56 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 if "error" in event:
                     error = _error_event(event["error"], upstream.node_id)
                     break
-                await self._pass_on(event, parts, done)
+                await self._pass_on(event, answer, done)
         if error is not None:
             await self.send_json(error)
-            return "".join(parts), None
-        done["content"] = "".join(parts)
-        return done["content"], done
+            return answer.message(), None
+        for call in answer.tool_calls():
+            await self.send_json({"type": "tool_call", **_flat_call(call)})
+        message = answer.message()
+        done["content"] = "".join(answer.parts)
+        done["tool_calls"] = [_flat_call(c) for c in answer.tool_calls()]
+        return message, done
+
+
+class Answer:
+    """The assistant message being streamed: text parts and tool calls gathered from their
+    pieces (OpenAI streams a call as ``tool_calls`` deltas: id and name first, then arguments
+    in fragments, each keyed by ``index``)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add_tool_call_piece(self, piece: dict[str, Any]) -> None:
+        call = self._calls.setdefault(
+            int(piece.get("index") or 0),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        call["id"] = piece.get("id") or call["id"]
+        function = piece.get("function") or {}
+        call["function"]["name"] += function.get("name") or ""
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return [self._calls[i] for i in sorted(self._calls)]
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message for the transcript (OpenAI's shape)."""
+        text = "".join(self.parts)
+        calls = self.tool_calls()
+        if not calls:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
+
+
+def _flat_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call as the websocket sends it: ``{"id", "name", "arguments"}``."""
+    return {
+        "id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+    }
 
 
 def _error_event(error: Any, node_id: str) -> dict[str, Any]:

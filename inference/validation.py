@@ -40,16 +40,6 @@ def _check_encodable(data: Any) -> None:
         )
 
 
-def _check_number(body: Mapping[str, Any], key: str, *, integer: bool, minimum: float) -> None:
-    if key not in body or body[key] is None:
-        return
-    value = body[key]
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
-        kind = "an integer" if integer else "a number"
-        raise BadRequest(f"'{key}' must be {kind} >= {minimum:g}.", code="invalid_type", param=key)
-
-
 def check_chat_body(body: dict[str, Any]) -> dict[str, Any]:
     """Validate an OpenAI chat completion body exactly as a node will
     (``inference.chat_request.parse_chat_request``); raises ``BadRequest`` naming the field.
@@ -79,47 +69,62 @@ def session_key(headers: Mapping[str, str], *, header: str) -> str | None:
     return None
 
 
+WS_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+WS_TOOL_FIELDS = ("tools", "tool_choice")
+
+
 @dataclass(frozen=True)
 class WsTurn:
-    """One user message from the session websocket and its sampling options."""
+    """One message from the session websocket: the chat ``message`` it adds to the transcript
+    (``{"role": "user", "content"}`` or ``{"role": "tool", "tool_call_id", "content"}``), the
+    ``model`` asked for, sampling ``options``, and ``tools`` (``{"tools", "tool_choice"}``, as
+    sent; empty when the message carries none)."""
 
-    content: str
+    message: dict[str, Any]
     model: str | None
     options: dict[str, Any]
+    tools: dict[str, Any]
 
 
 def parse_ws_message(data: Any) -> WsTurn:
-    """Accept ``{"type": "user", "content": ...}``, ``{"message": ...}`` or ``{"content": ...}``
-    with optional ``model``, ``max_tokens``, ``temperature``, ``seed``, ``top_p``, ``stop``.
+    """Accept ``{"type": "user", "content": ...}`` (``{"message": ...}`` or ``{"content": ...}``
+    too) or a tool result ``{"type": "tool", "tool_call_id": ..., "content": ...}``, with
+    optional ``model``, ``max_tokens``, ``temperature``, ``seed``, ``top_p``, ``stop``,
+    ``tools`` and ``tool_choice``.
 
-    Raises ``BadRequest`` for anything else (empty content, wrong types, other event types).
+    Raises ``BadRequest`` for other message types, missing or empty content, a tool result
+    without ``tool_call_id``. Options and tools are checked with the whole request
+    (``check_chat_body``) when the turn is sent.
     """
     if not isinstance(data, dict):
         raise BadRequest("Message must be a JSON object.", code="invalid_json")
     _check_encodable(data)
     kind = data.get("type", "user")
-    if kind != "user":
+    if kind not in ("user", "tool"):
         raise BadRequest(
-            f'Unknown message type {kind!r}; send {{"type": "user", "content": "..."}}.',
+            f'Unknown message type {kind!r}; send {{"type": "user", "content": "..."}} or '
+            '{"type": "tool", "tool_call_id": "...", "content": "..."}.',
             code="invalid_type",
+            param="type",
         )
     content = data.get("content", data.get("message"))
     if not isinstance(content, str):
-        raise BadRequest("'content' must be a string.", code="invalid_type", param="content")
-    if not content.strip():
-        raise BadRequest("'content' must not be empty.", code="empty_content", param="content")
+        raise BadRequest("content must be a string.", code="invalid_type", param="content")
+    if kind == "user" and not content.strip():
+        raise BadRequest("content must not be empty.", code="empty_content", param="content")
+    message: dict[str, Any] = {"role": kind, "content": content}
+    if kind == "tool":
+        call_id = data.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise BadRequest(
+                "tool_call_id must name the tool call this result answers.",
+                code="invalid_type",
+                param="tool_call_id",
+            )
+        message["tool_call_id"] = call_id
     model = data.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise BadRequest("'model' must be a non-empty string.", code="invalid_type", param="model")
-    _check_number(data, "max_tokens", integer=True, minimum=1)
-    _check_number(data, "temperature", integer=False, minimum=0)
-    _check_number(data, "top_p", integer=False, minimum=0)
-    _check_number(data, "seed", integer=True, minimum=-(2**63))
-    if "stop" in data and not isinstance(data["stop"], str | list | None):
-        raise BadRequest("'stop' must be a string or a list of strings.", code="invalid_type")
-    options = {
-        k: data[k]
-        for k in ("max_tokens", "temperature", "top_p", "seed", "stop")
-        if data.get(k) is not None
-    }
-    return WsTurn(content=content, model=model, options=options)
+        raise BadRequest("model must be a non-empty string.", code="invalid_type", param="model")
+    options = {k: data[k] for k in WS_OPTIONS if data.get(k) is not None}
+    tools = {k: data[k] for k in WS_TOOL_FIELDS if data.get(k) is not None}
+    return WsTurn(message=message, model=model, options=options, tools=tools)

@@ -85,15 +85,18 @@ def _flatten(message: dict[str, Any]) -> dict[str, str]:
     return {"role": role if role != "developer" else "system", "content": text}
 
 
+TOOL_HOW = (
+    "You may call one of these tools. To call a tool, answer with "
+    f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <arguments object>}}{TOOL_CLOSE}'
+)
+
+
 def _with_tool_instructions(messages: list[dict[str, str]], mode: ToolMode) -> list[dict[str, str]]:
+    """The tools described in the system message. The text is the same whatever
+    ``tool_choice`` says (the grammar enforces it), so a session's prompt keeps its prefix,
+    and its cached KV, from one turn to the next."""
     specs = "\n".join(json.dumps(t.get("function", t)) for t in mode.tools)
-    how = (
-        "You may call one of these tools. To call a tool, answer with "
-        f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <arguments object>}}{TOOL_CLOSE}'
-        if not mode.forces_call
-        else f'Answer with a call to a tool: {TOOL_OPEN}{{"name": ..., "arguments": {{...}}}}{TOOL_CLOSE}'
-    )
-    block = f"# Tools\n<tools>\n{specs}\n</tools>\n{how}"
+    block = f"# Tools\n<tools>\n{specs}\n</tools>\n{TOOL_HOW}"
     if messages and messages[0]["role"] == "system":
         first = {"role": "system", "content": messages[0]["content"] + "\n\n" + block}
         return [first, *messages[1:]]
@@ -126,13 +129,19 @@ def tool_call_schema(mode: ToolMode) -> dict[str, Any]:
     return variants[0] if len(variants) == 1 else {"oneOf": variants}
 
 
+PLAIN_TEXT = "plain-text ::= [^<] [^\\x00]*"
+
+
 def tool_grammar(mode: ToolMode) -> str:
-    """GBNF: a tagged tool call, or (``auto`` only) plain text that does not start with ``<``."""
+    """GBNF: a tagged tool call, or (``auto``) plain text that does not start with ``<``, or
+    (``none``) that plain text only."""
+    if not mode.allows_call:
+        return f"root ::= plain-text\n{PLAIN_TEXT}"
     call = _rename_root(json_schema_to_gbnf(json.dumps(tool_call_schema(mode))), "call-json")
     tagged = f'"{TOOL_OPEN}" call-json "{TOOL_CLOSE}"'
     if mode.forces_call:
         return f"root ::= {tagged}\n{call}"
-    return f"root ::= {tagged} | plain-text\nplain-text ::= [^<] [^\\x00]*\n{call}"
+    return f"root ::= {tagged} | plain-text\n{PLAIN_TEXT}\n{call}"
 
 
 def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:

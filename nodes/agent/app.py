@@ -233,7 +233,7 @@ class NodeApp:
         return CompletionShaper(
             model=self.identity.package,
             node_id=self.identity.node_id,
-            tools=generation.chat.tool_mode is not None,
+            tools=generation.chat.tool_mode is not None and generation.chat.tool_mode.allows_call,
         )
 
     async def _complete(self, generation: Generation, send: Send) -> None:

@@ -1,16 +1,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from inference.models import ModelPackage, RoutingPolicy
 from inference.services import token_create
+from nodes.control import ControlLoop
 from nodes.models import Node
 from tests.fakenode import FakeNode
+from tests.support.processes import Proc, start_node
 
 MODEL = "smollm2-test"
+PACKAGE = "smollm2-135m-instruct-q4_1"  # the bundled model, served by real nodes
+NODE_ARGS = ["--sequences", "4", "--ctx-per-seq", "1024", "--host-ram-mib", "64"]
 
 
 @pytest.fixture
@@ -65,3 +71,41 @@ def token(transactional_db) -> str:
 @pytest.fixture
 def auth(token) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+# --- real node agents with the bundled model -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fault-nodes")
+
+
+@pytest.fixture(scope="module")
+def steady(log_dir):
+    """Two nodes that stay up for the whole module."""
+    procs = [start_node(f"steady-{i}", log_dir, extra_args=NODE_ARGS) for i in (1, 2)]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+def address(proc: Proc) -> str:
+    return proc.url.removeprefix("http://")
+
+
+@sync_to_async
+def inventory(*procs: Proc) -> str:
+    package, _ = ModelPackage.objects.get_or_create(
+        name=PACKAGE, version="1", defaults={"gguf_path": "x", "sha256": ""}
+    )
+    for proc in procs:
+        node_id = proc.log_path.stem
+        Node.objects.update_or_create(
+            node_id=node_id, defaults={"address": address(proc), "package": package}
+        )
+    policy = RoutingPolicy.load()
+    policy.request_timeout_s, policy.connect_timeout_s, policy.canary_idle_s = 30.0, 1.0, 0
+    policy.save()
+    ControlLoop().tick()
+    return token_create(name="faults")[1]

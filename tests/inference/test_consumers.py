@@ -99,8 +99,14 @@ async def test_it_rejects_a_missing_token_with_an_error_event(fakes):
         (json.dumps({"content": 3}), "must be a string"),
         (json.dumps({"type": "ping"}), "Unknown message type"),
         (json.dumps([1]), "JSON object"),
-        (json.dumps({"content": "x", "max_tokens": -1}), "'max_tokens'"),
+        (json.dumps({"content": "x", "max_tokens": -1}), "max_tokens must be between 1"),
         (json.dumps({"content": "x", "model": "nope"}), "'nope'"),
+        (json.dumps({"type": "tool", "content": "4C"}), "tool_call_id must name"),
+        (
+            json.dumps({"content": "x", "tools": [{"type": "function", "function": {}}]}),
+            "tools[0].function.name is required",
+        ),
+        (json.dumps({"content": "x", "tool_choice": 5}), "tool_choice must be"),
     ],
 )
 async def test_it_answers_bad_messages_with_an_error_event(fakes, token, raw, needle):

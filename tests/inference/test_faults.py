@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,53 +19,16 @@ from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
 
 from console.asgi import application
-from inference.models import ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
-from inference.services import token_create
+from inference.models import RouteDecision, RoutingPolicy, SessionRoute
 from nodes.control import ControlLoop
 from nodes.models import Node
 from nodes.services import node_drain
+from tests.inference.conftest import NODE_ARGS, PACKAGE, inventory
 from tests.support.processes import Proc, start_node
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.model]
 
-PACKAGE = "smollm2-135m-instruct-q4_1"
-NODE_ARGS = ["--sequences", "4", "--ctx-per-seq", "1024", "--host-ram-mib", "64"]
 LONG = "Count from 1 to 300, separated by commas."
-
-
-@pytest.fixture(scope="module")
-def log_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("fault-nodes")
-
-
-@pytest.fixture(scope="module")
-def steady(log_dir):
-    """Two nodes that stay up for the whole module."""
-    procs = [start_node(f"steady-{i}", log_dir, extra_args=NODE_ARGS) for i in (1, 2)]
-    yield procs
-    for proc in procs:
-        proc.stop()
-
-
-def address(proc: Proc) -> str:
-    return proc.url.removeprefix("http://")
-
-
-@sync_to_async
-def inventory(*procs: Proc) -> str:
-    package, _ = ModelPackage.objects.get_or_create(
-        name=PACKAGE, version="1", defaults={"gguf_path": "x", "sha256": ""}
-    )
-    for proc in procs:
-        node_id = proc.log_path.stem
-        Node.objects.update_or_create(
-            node_id=node_id, defaults={"address": address(proc), "package": package}
-        )
-    policy = RoutingPolicy.load()
-    policy.request_timeout_s, policy.connect_timeout_s, policy.canary_idle_s = 30.0, 1.0, 0
-    policy.save()
-    ControlLoop().tick()
-    return token_create(name="faults")[1]
 
 
 def chat(content: str, max_tokens: int, **extra) -> str:

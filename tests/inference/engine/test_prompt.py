@@ -1,0 +1,31 @@
+"""Prompt text for tools (inference/engine/prompt.py): one prefix whatever tool_choice says."""
+
+from __future__ import annotations
+
+from inference.chat_request import ToolMode
+from inference.engine.prompt import ChatFormatter, tool_grammar
+
+TOOLS = (
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+    },
+)
+MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
+
+
+def test_every_tool_choice_renders_the_same_prompt_so_a_session_keeps_its_kv() -> None:
+    formatter = ChatFormatter(None, bos_token="", eos_token="")
+    prompts = {
+        choice: formatter.render(MESSAGES, ToolMode(tools=TOOLS, choice=choice))
+        for choice in ("auto", "none", "required", "get_weather")
+    }
+    assert len(set(prompts.values())) == 1
+    assert "get_weather" in prompts["none"]
+
+
+def test_none_allows_only_text_and_required_only_a_call() -> None:
+    none = tool_grammar(ToolMode(tools=TOOLS, choice="none"))
+    assert "tool_call" not in none and "plain-text" in none
+    required = tool_grammar(ToolMode(tools=TOOLS, choice="required"))
+    assert "plain-text" not in required and "<tool_call>" in required
