@@ -19,6 +19,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
 
 from console.asgi import application
+from inference.deadlines import CHARS_PER_TOKEN, uncached_prompt_chars
 from inference.models import RouteDecision, RoutingPolicy, SessionRoute
 from nodes.control import ControlLoop
 from nodes.models import Node
@@ -250,3 +251,32 @@ async def test_concurrent_turns_of_a_moving_session_wait_for_its_kv(steady):
     )
     assert kinds.count("moved") == 1
     assert kinds.count("kv_moved") == 1
+
+
+async def test_a_long_real_prefill_is_not_taken_for_a_silent_node(steady):
+    token = await inventory(steady[0])
+    policy = await sync_to_async(RoutingPolicy.load)()
+    policy.first_byte_floor_s = 0.1  # the estimate alone must cover the prefill
+    await sync_to_async(policy.save)()
+    prompt = " ".join(f"item {i} is {LONG[: 10 + i % 20]};" for i in range(60))
+    response = await AsyncClient().post(
+        "/v1/chat/completions",
+        chat(prompt, 2, stream_options={"include_usage": True}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}", "X-Session-Id": "long-prefill"},
+    )
+    assert response.status_code == 200, response.content
+    text = await read_all(response)
+    assert '"error"' not in text
+    usage = next(json.loads(e[6:])["usage"] for e in text.split("\n\n") if '"usage"' in e)
+    assert usage["prompt_tokens"] > 700 and usage["prompt_tokens_details"]["cached_tokens"] < 100
+    # the deadline's token estimate never counts fewer tokens than the node prefilled
+    assert uncached_prompt_chars([{"content": prompt}], cached_on_node=False) / CHARS_PER_TOKEN >= (
+        usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"] - 40
+    )
+    reasons = await sync_to_async(list)(
+        RouteDecision.objects.filter(route__session_id="long-prefill").values_list(
+            "reason", flat=True
+        )
+    )
+    assert not any("no first byte" in r for r in reasons)
