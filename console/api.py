@@ -11,19 +11,34 @@ Error bodies: ``{"detail": message, "code": code, "field": field}`` (config erro
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
 
 from console.access import API_AUTH, token_or_login
 from console.config_file import ConfigError
 from console.errors import ConsoleError
 from console.services import invalid_from
+from inference.chat_request import decode_json
+from inference.errors import BadRequest
+
+
+class StrictJsonParser(Parser):
+    """Request bodies decoded as the proxy decodes them (``decode_json``): NaN, Infinity,
+    unpaired surrogates and nesting past Python's limit are a 400, not a 500 later."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        return decode_json(request.body)
+
 
 api = NinjaAPI(
     title="Phalanx admin API",
+    parser=StrictJsonParser(),
     version="1",
     urls_namespace="api",
     auth=API_AUTH,
@@ -36,6 +51,13 @@ api = NinjaAPI(
 def _console_error(request: HttpRequest, exc: ConsoleError) -> HttpResponse:
     return api.create_response(
         request, {"detail": exc.message, "code": exc.code, "field": exc.field}, status=exc.status
+    )
+
+
+@api.exception_handler(BadRequest)
+def _bad_body(request: HttpRequest, exc: BadRequest) -> HttpResponse:
+    return api.create_response(
+        request, {"detail": exc.message, "code": exc.code, "field": exc.param}, status=400
     )
 
 

@@ -3,7 +3,6 @@ utilization history (``/api/utilization``)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -13,6 +12,8 @@ from ninja import Field, Router, Schema
 from console import utilization
 from console.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.config_file import ApplyReport, ConfigError, apply_config_text, export_config
+from inference.chat_request import decode_json
+from inference.errors import BadRequest
 
 router = Router()
 
@@ -82,9 +83,9 @@ def _body_text(request: HttpRequest) -> str:
     raw = request.body.decode("utf-8", "replace")
     if content_type == "application/json":
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise ConfigError(f"body is not valid JSON: {exc}") from exc
+            data = decode_json(request.body)
+        except BadRequest as exc:
+            raise ConfigError(f"body: {exc.message}") from exc
         if not isinstance(data, dict) or not isinstance(data.get("yaml"), str):
             raise ConfigError('send {"yaml": "..."} or the YAML file itself.', field="yaml")
         return data["yaml"]

@@ -239,6 +239,8 @@ def parse_config(text: str) -> ArraySpec:
         ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError("the YAML nests too deeply.") from exc
     if root is None:
         return ArraySpec()
     top = _mapping(root, "", {"server", "pool", "inference"})

@@ -9,7 +9,9 @@ routing, so a body a node would refuse never reaches one.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +19,35 @@ from inference.chat_schema import schema_problem
 from inference.errors import BadRequest
 
 MAX_STOP_STRINGS = 8
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TEXT_PART_TYPES = frozenset({"text", "refusal"})
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Decode request JSON strictly; raises ``BadRequest`` (code ``invalid_json``) for text
+    that is not UTF-8, not JSON, uses ``NaN`` / ``Infinity`` (Python's ``json`` reads them, no
+    JSON peer does: the body could not be forwarded), nests deeper than Python can follow, or
+    holds an unpaired UTF-16 surrogate (``"\ud800"``: valid JSON, not text)."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        data = json.loads(text or "", parse_constant=_refuse_constant)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"The body is not UTF-8: {exc}.", code="invalid_json") from exc
+    except UnicodeEncodeError as exc:
+        raise BadRequest(
+            "The JSON holds an unpaired UTF-16 surrogate (e.g. \\ud800); it is not valid text.",
+            code="invalid_json",
+        ) from exc
+    except RecursionError as exc:
+        raise BadRequest("The JSON nests too deeply.", code="invalid_json") from exc
+    except ValueError as exc:
+        raise BadRequest(f"The body is not valid JSON: {exc}.", code="invalid_json") from exc
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 @dataclass(frozen=True)
@@ -163,6 +193,10 @@ def _response_format(body: dict) -> dict[str, Any] | None:
 def _tool_mode(body: dict) -> ToolMode | None:
     tools = body.get("tools")
     if not tools:
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise BadRequest(
+                "tool_choice names or requires a tool, but tools is empty.", param="tool_choice"
+            )
         return None
     names = []
     for i, tool in enumerate(tools):
@@ -171,9 +205,10 @@ def _tool_mode(body: dict) -> ToolMode | None:
                 f"tools[{i}] is a {tool['type']} tool; nodes call function tools only.",
                 param=f"tools[{i}].type",
             )
-        if not tool["function"]["name"]:
+        if not TOOL_NAME.fullmatch(tool["function"]["name"]):
             raise BadRequest(
-                f"tools[{i}].function.name must not be empty.", param=f"tools[{i}].function.name"
+                f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or - (OpenAI's rule).",
+                param=f"tools[{i}].function.name",
             )
         names.append(tool["function"]["name"])
     choice = body.get("tool_choice") or "auto"

@@ -177,7 +177,8 @@ def _phrase(error: Any) -> str:
     if kind == "missing":
         return "is required"
     if kind == "literal_error":
-        return f"must be {error['ctx']['expected']}"
+        expected = str(error["ctx"]["expected"])
+        return f"must be {expected}" if len(expected) <= 120 else "must be one of the known values"
     if kind == "union_tag_invalid":
         return f"must be one of {error['ctx']['expected_tags']}, not {error['ctx']['tag']!r}"
     if kind == "union_tag_not_found":
@@ -187,18 +188,31 @@ def _phrase(error: Any) -> str:
 
 def _client_path(error: Any, body: Any) -> str:
     """The error's ``loc`` walked against the data: keys and indexes that exist in ``body`` are
-    kept, the union labels pydantic adds between them (a tag, a type name) are dropped; a bad
-    or missing discriminator names its field (``messages[0].role``)."""
+    kept, the union labels pydantic adds between them are dropped: a type name, or the tag of
+    a discriminated union (the value of the object's ``role`` / ``type``, which comes right
+    after the object and may also be one of its keys: a tool call's ``"function"``). A bad or
+    missing discriminator names its field (``messages[0].role``)."""
     loc = tuple(error["loc"])
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         loc = (*loc, error["ctx"]["discriminator"].strip("'"))
     missing = error["type"] in ("missing", "union_tag_not_found", "union_tag_invalid")
-    path, here = "", body
+    path, here, arrived = "", body, True
     for i, part in enumerate(loc):
-        if isinstance(here, list) and isinstance(part, int) and 0 <= part < len(here):
-            path, here = f"{path}[{part}]", here[part]
+        last = i == len(loc) - 1
+        if arrived and not last and _is_tag(here, part):
+            arrived = False
+        elif isinstance(here, list) and isinstance(part, int) and 0 <= part < len(here):
+            path, here, arrived = f"{path}[{part}]", here[part], True
         elif isinstance(here, dict) and part in here:
-            path, here = f"{path}.{part}" if path else str(part), here[part]
-        elif missing and i == len(loc) - 1:
+            path, here, arrived = (f"{path}.{part}" if path else str(part)), here[part], True
+        elif missing and last:
             path = f"{path}.{part}" if path else str(part)
+        else:
+            arrived = False
     return path or "body"
+
+
+def _is_tag(here: Any, part: Any) -> bool:
+    return isinstance(here, dict) and any(
+        isinstance(here.get(key), str) and here.get(key) == part for key in _DISCRIMINATORS
+    )

@@ -26,9 +26,10 @@ from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from inference import lookups, proxy, selectors, services
+from inference.chat_request import decode_json
 from inference.errors import AuthError, BadRequest, NoHealthyNode, ProxyError
 from inference.relay import Upstream, sse_events
-from inference.validation import MAX_SESSION_ID, WsTurn, check_chat_body, parse_ws_message
+from inference.validation import WsTurn, check_chat_body, check_session_id, parse_ws_message
 
 CLOSE_UNAUTHORIZED = 4401
 
@@ -78,8 +79,10 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
         await self.accept()
-        if len(self.session_id) > MAX_SESSION_ID:
-            await self.send_error(BadRequest("Session id is too long.", code="invalid_session_id"))
+        try:
+            check_session_id(self.session_id)
+        except BadRequest as exc:
+            await self.send_error(exc)
             await self.close(code=4400)
             return
         try:
@@ -96,11 +99,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         try:
             if text_data is None:
                 raise BadRequest("Send JSON text frames.", code="invalid_json")
-            try:
-                data = json.loads(text_data)
-            except ValueError as exc:
-                raise BadRequest(f"Message is not valid JSON: {exc}", code="invalid_json") from exc
-            turn = parse_ws_message(data)
+            turn = parse_ws_message(decode_json(text_data))
             if self.turn_task is not None and not self.turn_task.done():
                 raise BadRequest(
                     "A turn is already running; wait for its done event.", code="turn_in_progress"

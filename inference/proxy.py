@@ -26,7 +26,7 @@ from console.bare_http import db_thread
 from console.prometheus import metric_inc
 from inference import lookups, services
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
-from inference.errors import ArrayFull, NoHealthyNode, UpstreamError
+from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
 from inference.relay import (
     Upstream,
@@ -310,6 +310,7 @@ async def upstream_open(
             f"{policy.max_inflight}); retry shortly.",
             retry_after=1,
         )
+    _refuse_poison(payload)
     exclude: dict[str, str] = {}
     broke_last_turn = broken_turns.take(session_id)
     if broke_last_turn:
@@ -375,10 +376,14 @@ async def _attempt(
     except BaseException as exc:
         inflight.release(target.node_id)
         route_writer.commit(held)
+        if isinstance(exc, httpx.LocalProtocolError):  # we could not even send it: not the node
+            raise BadRequest(f"The request cannot be sent to a node: {exc}") from exc
         if not isinstance(exc, httpx.TransportError | NodeWentDown | FirstByteLate):
             raise  # the client went away (cancelled)
         log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
         await _exclude(target.node_id, _describe(exc), exclude, policy, failed=True)
+        if _reached_node(exc):
+            await _stop_if_failed_twice(target.node_id, payload, _describe(exc))
         return None
     if rest is None:  # 5xx or 429
         inflight.release(target.node_id)
@@ -402,6 +407,45 @@ async def _attempt(
     )
 
 
+def _reached_node(exc: BaseException) -> bool:
+    """Whether the node may have received the request before failing (not a refused or timed
+    out connection): then the body itself may be what made it fail."""
+    return not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+async def _stop_if_failed_twice(node_id: str, payload: dict[str, Any], reason: str) -> None:
+    """Note a failure of a request the node received; raises ``UpstreamError`` (502) instead of
+    a retry when the same body already failed on another node: a body that crashes or wedges
+    nodes (a "query of death") is not carried round the array."""
+    fingerprint = request_fingerprint(payload)
+    trip = request_breaker.failure(node_id, fingerprint, reason)
+    if trip is not None:
+        await take_out(node_id, trip.describe())
+    failed_on = request_breaker.nodes_failed(fingerprint) | {node_id}
+    if len(failed_on) >= POISON_NODES:
+        raise UpstreamError(
+            f"This request failed on {' and '.join(sorted(failed_on))} ({reason}); it is not "
+            "sent to another node.",
+            code="request_failed_on_nodes",
+        )
+
+
+def _refuse_poison(payload: dict[str, Any]) -> None:
+    """Raises ``UpstreamError`` (422) for a body that failed on ``POISON_NODES`` nodes within
+    the breaker's window. Costs nothing while no request has failed."""
+    if not request_breaker.failed_on:
+        return
+    failed_on = request_breaker.nodes_failed(request_fingerprint(payload))
+    if len(failed_on) >= POISON_NODES:
+        raise UpstreamError(
+            f"This request made {' and '.join(sorted(failed_on))} fail in the last "
+            f"{request_breaker.window_s:g} s; it is not sent again until then.",
+            code="request_quarantined",
+            status=422,
+        )
+
+
+POISON_NODES = 2
 OVERLOAD_STATUSES = (429, 503)
 
 

@@ -217,7 +217,8 @@ async def _checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]
     except httpx.TransportError as exc:
         raise StreamBroken(f"broke off the stream: {describe_transport_error(exc)}") from exc
     if check.errored:
-        upstream.request_failed("sent an in-band error event")
+        if check.error_type != "invalid_request_error":  # the request's fault is not the node's
+            upstream.request_failed("sent an in-band error event")
         if not check.done:
             yield f"data: {DONE}\n\n".encode(), DONE
 

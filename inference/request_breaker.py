@@ -65,6 +65,20 @@ class RequestBreaker:
     nodes: dict[str, _NodeRecord] = field(default_factory=dict)
     failed_on: dict[str, set[str]] = field(default_factory=dict)  # fingerprint -> node ids
 
+    def nodes_failed(self, fingerprint: str, *, now: float | None = None) -> set[str]:
+        """The nodes this body failed on within the window."""
+        if fingerprint not in self.failed_on:
+            return set()
+        horizon = (time.monotonic() if now is None else now) - self.window_s
+        nodes = {
+            node_id
+            for node_id, record in self.nodes.items()
+            if any(p == fingerprint and t >= horizon for t, p, _ in record.failures)
+        }
+        if not nodes:
+            self.failed_on.pop(fingerprint, None)
+        return nodes
+
     def clear(self) -> None:
         """Forget every outcome (tests; a control-plane restart does the same)."""
         self.nodes.clear()

@@ -79,6 +79,7 @@ class StreamCheck:
 
     finish_reasons: list[str] = field(default_factory=list)
     errored: bool = False
+    error_type: str = ""  # the node's in-band error "type": "server_error", ...
     done: bool = False
 
     def see(self, payload: Any) -> None:
@@ -95,6 +96,8 @@ class StreamCheck:
             raise StreamBroken("sent an event that is not an object", detail=str(payload)[:200])
         if "error" in payload:
             self.errored = True
+            error = payload["error"]
+            self.error_type = str(error.get("type") or "") if isinstance(error, dict) else ""
             return
         for choice in payload.get("choices") or []:
             if isinstance(choice, dict) and choice.get("finish_reason"):

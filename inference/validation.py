@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inference.chat_request import parse_chat_request
-from inference.engine.text import has_unpaired_surrogate
+from inference.chat_request import decode_json, parse_chat_request
 from inference.errors import BadRequest
 
 SESSION_HEADER_ALIASES = (
@@ -21,23 +19,11 @@ MAX_SESSION_ID = 200
 
 
 def parse_json_object(raw: bytes | str) -> dict[str, Any]:
-    """Decode a JSON object; raises ``BadRequest`` (code ``invalid_json``) otherwise."""
-    try:
-        data = json.loads(raw or b"")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from exc
+    """Decode a JSON object (``decode_json``); raises ``BadRequest`` (code ``invalid_json``)."""
+    data = decode_json(raw)
     if not isinstance(data, dict):
         raise BadRequest("Request body must be a JSON object.", code="invalid_json")
-    _check_encodable(data)
     return data
-
-
-def _check_encodable(data: Any) -> None:
-    if has_unpaired_surrogate(data):
-        raise BadRequest(
-            "The JSON holds an unpaired UTF-16 surrogate (e.g. \\ud800); it is not valid text.",
-            code="invalid_json",
-        )
 
 
 def check_chat_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -54,19 +40,29 @@ def session_key(headers: Mapping[str, str], *, header: str) -> str | None:
     """The session key from the policy's ``header`` or one of the common aliases.
 
     ``headers`` must be case-insensitive (Django's ``request.headers``). Returns None when
-    absent or blank; raises ``BadRequest`` when longer than 200 characters.
+    absent or blank; raises ``BadRequest`` (``check_session_id``) for a bad one.
     """
     for name in (header, *SESSION_HEADER_ALIASES):
         value = headers.get(name)
         if value and value.strip():
-            value = value.strip()
-            if len(value) > MAX_SESSION_ID:
-                raise BadRequest(
-                    f"Session key in {name} is longer than {MAX_SESSION_ID} characters.",
-                    code="invalid_session_id",
-                )
-            return value
+            return check_session_id(value.strip(), where=name)
     return None
+
+
+def check_session_id(value: str, *, where: str = "the session id") -> str:
+    """``value`` when it is 1 to 200 printable ASCII characters (it travels to nodes in an HTTP
+    header, which carries nothing else safely); raises ``BadRequest`` otherwise."""
+    if len(value) > MAX_SESSION_ID:
+        raise BadRequest(
+            f"Session key in {where} is longer than {MAX_SESSION_ID} characters.",
+            code="invalid_session_id",
+        )
+    if not value or not all(" " <= ch <= "~" for ch in value):
+        raise BadRequest(
+            f"Session key in {where} must be printable ASCII (no control or non-ASCII characters).",
+            code="invalid_session_id",
+        )
+    return value
 
 
 WS_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -98,7 +94,6 @@ def parse_ws_message(data: Any) -> WsTurn:
     """
     if not isinstance(data, dict):
         raise BadRequest("Message must be a JSON object.", code="invalid_json")
-    _check_encodable(data)
     kind = data.get("type", "user")
     if kind not in ("user", "tool"):
         raise BadRequest(

@@ -90,6 +90,10 @@ class FakeNode:
                         {"error": {"message": message, "type": "x", "code": "x"}},
                     )
                     return
+                if node.shape == "reset":  # read the request, then drop the connection
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
                 if node.shape == "silent":
                     time.sleep(30)  # accepted, never answered
                     self.close_connection = True
@@ -173,7 +177,7 @@ class FakeNode:
             self.server.server_close()
 
 
-SHAPES = ("ok", "no_finish", "close_delimited", "empty_200", "malformed", "silent")
+SHAPES = ("ok", "no_finish", "close_delimited", "empty_200", "malformed", "silent", "reset")
 
 
 def _token_chunk(token: str) -> dict[str, Any]:

@@ -111,6 +111,16 @@ class LlamaModel:
         self._pieces[key] = value
         return value
 
+    def max_token_bytes(self) -> int:
+        """The longest piece any token stands for, in bytes (special tokens' text included):
+        a text of ``n`` bytes makes at least ``n / max_token_bytes()`` tokens."""
+        buf = ctypes.create_string_buffer(256)
+        longest = 1
+        for token in range(self.n_vocab):
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            longest = max(longest, abs(n))
+        return longest
+
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 

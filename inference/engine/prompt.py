@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import re._constants as re_constants  # the stdlib's own regex parser, to inspect patterns
+import re._parser as re_parser
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -70,16 +72,12 @@ def _flatten(message: dict[str, Any]) -> dict[str, str]:
     if isinstance(content, list):
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     text = content or ""
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function", {})
-        args = fn.get("arguments", "{}")
-        try:
-            args_obj = json.loads(args) if isinstance(args, str) else args
-        except json.JSONDecodeError:
-            args_obj = args
-        text += (
-            f"{TOOL_OPEN}{json.dumps({'name': fn.get('name'), 'arguments': args_obj})}{TOOL_CLOSE}"
-        )
+    calls = [c.get("function") or {} for c in message.get("tool_calls") or []]
+    if message.get("function_call"):  # OpenAI's older single call
+        calls.append(message["function_call"])
+    for fn in calls:
+        call = {"name": fn.get("name"), "arguments": _arguments(fn.get("arguments", "{}"))}
+        text += f"{TOOL_OPEN}{json.dumps(call)}{TOOL_CLOSE}"
     if role in ("tool", "function"):  # "function": OpenAI's deprecated tool result
         return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
     return {"role": role if role != "developer" else "system", "content": text}
@@ -89,6 +87,17 @@ TOOL_HOW = (
     "You may call one of these tools. To call a tool, answer with "
     f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <arguments object>}}{TOOL_CLOSE}'
 )
+
+
+def _arguments(args: Any) -> Any:
+    """A call's arguments as an object when its JSON string parses (any failure: huge numbers,
+    deep nesting, not JSON) keeps the string as the client sent it."""
+    if not isinstance(args, str):
+        return args
+    try:
+        return json.loads(args)
+    except (ValueError, RecursionError):
+        return args
 
 
 def _with_tool_instructions(messages: list[dict[str, str]], mode: ToolMode) -> list[dict[str, str]]:
@@ -104,6 +113,96 @@ def _with_tool_instructions(messages: list[dict[str, str]], mode: ToolMode) -> l
 
 
 # Grammars ----------------------------------------------------------------------------------
+
+MAX_GRAMMAR_DEPTH = 256  # llama.cpp parses GBNF recursively: deeper nesting overflows its stack
+MAX_GRAMMAR_BYTES = 64 << 10
+
+
+class GrammarTooComplex(ValueError):
+    """A JSON schema whose grammar llama.cpp cannot take safely; the message says why."""
+
+
+def check_grammar(gbnf: str) -> str:
+    """``gbnf`` when llama.cpp can parse it safely; raises ``GrammarTooComplex`` when it is over
+    ``MAX_GRAMMAR_BYTES`` or nests groups deeper than ``MAX_GRAMMAR_DEPTH`` (a ``maxLength`` of
+    30,000 makes 30,000 nested groups, which crashes the node's parser)."""
+    if len(gbnf) > MAX_GRAMMAR_BYTES:
+        raise GrammarTooComplex(
+            f"its grammar is {len(gbnf):,} bytes (at most {MAX_GRAMMAR_BYTES:,}); "
+            "lower maxLength, maxItems or the number of alternatives"
+        )
+    depth = _group_depth(gbnf)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise GrammarTooComplex(
+            f"its grammar nests {depth} groups deep (at most {MAX_GRAMMAR_DEPTH}); "
+            "lower maxLength, maxItems or minItems"
+        )
+    return gbnf
+
+
+def _group_depth(gbnf: str) -> int:
+    """The deepest nesting of ``(`` groups, outside string literals and character classes."""
+    depth = deepest = 0
+    quote: str | None = None
+    escaped = False
+    for ch in gbnf:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif quote:
+            quote = None if ch == quote else quote
+        elif ch in '"[':
+            quote = "]" if ch == "[" else '"'
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    return deepest
+
+
+def check_patterns(schema: Any, where: str = "schema") -> None:
+    """Raises ``GrammarTooComplex`` for a ``pattern`` anywhere in ``schema`` that repeats a group
+    which itself repeats (``(a{0,8}){0,8}``): its grammar is ambiguous, and matching it makes
+    the node's sampler try exponentially many parses per token."""
+    if isinstance(schema, dict):
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str) and _nested_repeat(pattern):
+            raise GrammarTooComplex(f"{where}.pattern {pattern!r} repeats a repeated group")
+        for key, value in schema.items():
+            check_patterns(value, f"{where}.{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            check_patterns(value, f"{where}[{i}]")
+
+
+def _nested_repeat(pattern: str) -> bool:
+    try:
+        parsed = re_parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False  # json_schema_to_gbnf decides what it makes of it
+    return _has_nested_repeat(parsed, inside_repeat=False)
+
+
+_REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
+
+
+def _has_nested_repeat(items: Any, *, inside_repeat: bool) -> bool:
+    for op, arg in items:
+        if op in _REPEATS:
+            low, high, sub = arg
+            if high != 1 and inside_repeat:
+                return True
+            if _has_nested_repeat(sub, inside_repeat=inside_repeat or high != 1):
+                return True
+        elif op is re_constants.SUBPATTERN:
+            if _has_nested_repeat(arg[-1], inside_repeat=inside_repeat):
+                return True
+        elif op is re_constants.BRANCH:
+            if any(_has_nested_repeat(b, inside_repeat=inside_repeat) for b in arg[1]):
+                return True
+    return False
 
 
 def _rename_root(gbnf: str, name: str) -> str:

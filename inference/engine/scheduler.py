@@ -75,7 +75,11 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
+    """The request failed; ``client_error`` when its own content was at fault (a grammar
+    llama.cpp refused), so the node answers it as a bad request, not as its own failure."""
+
     message: str
+    client_error: bool = False
 
 
 EngineEvent = TextDelta | Finished | Failed
@@ -356,7 +360,7 @@ class Engine:
             req.sampler = Sampler(self.model, req.params)
         except LlamaError as exc:
             self.table.release(seq)
-            req.sink(Failed(str(exc)))
+            req.sink(Failed(str(exc), client_error=True))
             return
         self.stats.requests_total += 1
         self.stats.prompt_tokens_total += len(req.prompt)

@@ -9,19 +9,7 @@ a stop string, so the streamed deltas concatenate to exactly the non-streamed te
 from __future__ import annotations
 
 import codecs
-import json
 from dataclasses import dataclass, field
-from typing import Any
-
-
-def has_unpaired_surrogate(value: Any) -> bool:
-    """True when decoded JSON holds a lone UTF-16 surrogate (``"\\ud800"``): valid JSON, but
-    not encodable as UTF-8, so it can be neither tokenized nor forwarded."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _longest_partial_stop(text: str, stops: tuple[str, ...]) -> int:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from inference.chat_request import parse_chat_request
+from inference.chat_request import decode_json, parse_chat_request
 from inference.engine.scheduler import Engine, Failed, Finished, QueueFull, TextDelta
 from inference.engine.sequences import SessionBusy, pack_state, unpack_state
-from inference.engine.text import has_unpaired_surrogate
 from inference.errors import BadRequest
 from nodes.agent.asgi_io import (
     SSE_DONE,
@@ -116,7 +114,8 @@ class NodeApp:
             match = route.pattern.match(path)
             if match is None:
                 continue
-            if not route.public and not self.credentials.accepts(header(scope, "authorization")):
+            public = route.public and method in route.methods
+            if not public and not self.credentials.accepts(header(scope, "authorization")):
                 return await self._unauthorized(send)
             if route.methods and method not in route.methods:
                 allowed = ", ".join(route.methods)
@@ -205,7 +204,7 @@ class NodeApp:
                 send, 503, "the model is still loading", code="loading", retry=True
             )
         try:
-            chat = parse_chat_request(_with_default_model(_json_body(raw), self.identity.package))
+            chat = parse_chat_request(_with_default_model(decode_json(raw), self.identity.package))
             if chat.model != self.identity.package:
                 raise BadRequest(
                     f"model {chat.model!r} is not served by this node "
@@ -213,7 +212,13 @@ class NodeApp:
                     param="model",
                     code="model_not_found",
                 )
-            generation = service.start(chat, session_id=header(scope, "x-session-id"))
+            # rendering and tokenizing a long prompt is slow: off the loop, /health stays quick
+            generation = await asyncio.to_thread(
+                service.start,
+                chat,
+                session_id=header(scope, "x-session-id"),
+                loop=asyncio.get_running_loop(),
+            )
         except BadRequest as exc:
             status = 404 if exc.code == "model_not_found" else 400
             return await self._error(send, status, exc.message, code=exc.code, param=exc.param)
@@ -238,6 +243,8 @@ class NodeApp:
 
     async def _complete(self, generation: Generation, send: Send) -> None:
         result = await collect(generation)
+        if isinstance(result, Failed) and result.client_error:
+            return await self._error(send, 400, result.message, code="unsupported_schema")
         if isinstance(result, Failed):
             return await self._error(send, 500, result.message, code="engine_error")
         await send_json(send, 200, self._shaper(generation).completion(result), self.headers)
@@ -262,7 +269,7 @@ class NodeApp:
                     await emit(sse(chunk))
                 break
             elif isinstance(event, Failed):
-                await emit(sse(error_body(event.message, kind="server_error", code="engine_error")))
+                await emit(sse(_failure_body(event)))
                 break
         await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
 
@@ -346,19 +353,12 @@ class NodeApp:
         return await asyncio.wrap_future(self.engine.call(fn))
 
 
-def _json_body(raw: bytes) -> object:
-    """The decoded body; ``BadRequest`` when it is not UTF-8 JSON."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"the body is not UTF-8: {exc}", code="invalid_json") from exc
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
-    if has_unpaired_surrogate(body):
-        raise BadRequest(
-            "the body holds an unpaired UTF-16 surrogate (e.g. \\ud800)", code="invalid_json"
-        )
-    return body
+def _failure_body(failed: Failed) -> dict[str, Any]:
+    """The in-band error event of a failed stream: the request's fault (a grammar llama.cpp
+    refused) is an ``invalid_request_error``, anything else the node's ``server_error``."""
+    if failed.client_error:
+        return error_body(failed.message, kind="invalid_request_error", code="unsupported_schema")
+    return error_body(failed.message, kind="server_error", code="engine_error")
 
 
 def _with_default_model(body: object, package: str) -> object:

@@ -19,6 +19,8 @@ from inference.engine.prompt import (
     TOOL_OPEN,
     ChatFormatter,
     TemplateError,
+    check_grammar,
+    check_patterns,
     parse_tool_call,
     response_format_grammar,
     tool_grammar,
@@ -50,18 +52,37 @@ class Generation:
 class ChatService:
     """Builds prompts with the model's template and submits them to the engine."""
 
-    def __init__(self, engine: Engine, formatter: ChatFormatter) -> None:
+    def __init__(
+        self, engine: Engine, formatter: ChatFormatter, *, max_token_bytes: int = 256
+    ) -> None:
         self.engine = engine
         self.formatter = formatter
+        self.max_token_bytes = max_token_bytes
 
-    def start(self, chat: ChatRequest, *, session_id: str | None) -> Generation:
-        """Submit ``chat``. Raises ``BadRequest`` (template, context overflow) or ``QueueFull``."""
+    def start(
+        self,
+        chat: ChatRequest,
+        *,
+        session_id: str | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Generation:
+        """Submit ``chat``; its events arrive on ``loop`` (default: the running one). Safe to
+        call from a worker thread with ``loop`` given (rendering and tokenizing a long prompt
+        take a while). Raises ``BadRequest`` (template, context overflow) or ``QueueFull``."""
         model = self.engine.model
         assert model is not None
         try:
             text = self.formatter.render(chat.messages, chat.tool_mode)
         except TemplateError as exc:
             raise BadRequest(str(exc), param="messages", code="template_error") from exc
+        size = len(text.encode("utf-8", "replace"))
+        if size > self.engine.config.ctx_per_seq * self.max_token_bytes:
+            raise BadRequest(
+                f"prompt of {size:,} bytes cannot fit the per-sequence context of "
+                f"{self.engine.config.ctx_per_seq} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
         prompt = model.tokenize(text, add_special=model.add_bos)
         room = self.engine.config.ctx_per_seq - len(prompt)
         if room < 1:
@@ -75,7 +96,7 @@ class ChatService:
             chat.max_tokens if chat.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
         )
         params = _sampling_params(chat, max_tokens)  # raises BadRequest
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         request = Request(
             prompt=prompt,
@@ -95,8 +116,12 @@ def _grammar(chat: ChatRequest) -> str | None:
     in them cannot be turned into a grammar."""
     try:
         if chat.tool_mode:
-            return tool_grammar(chat.tool_mode)
-        return response_format_grammar(chat.response_format)
+            check_patterns(list(chat.tool_mode.tools), "tools")
+            grammar = tool_grammar(chat.tool_mode)
+        else:
+            check_patterns(chat.response_format, "response_format")
+            grammar = response_format_grammar(chat.response_format)
+        return check_grammar(grammar) if grammar else None
     except Exception as exc:  # json_schema_to_gbnf raises many kinds on schemas it cannot take
         param = "tools" if chat.tool_mode else "response_format"
         raise BadRequest(

@@ -13,4 +13,4 @@ def chat_service_for(engine: Engine) -> ChatService:
     formatter = ChatFormatter(
         model.meta("tokenizer.chat_template"), bos_token=model.bos_token, eos_token=model.eos_token
     )
-    return ChatService(engine, formatter)
+    return ChatService(engine, formatter, max_token_bytes=model.max_token_bytes())

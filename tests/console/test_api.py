@@ -343,3 +343,23 @@ def test_it_keeps_config_apply_to_admins(api, role):
 
 def test_it_serves_the_utilization_history(api):
     assert api("viewer", "get", "/utilization").json() == {"snapshots": []}
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "status"),
+    [
+        ("/api/tokens", '{"name": "\\ud800", "role": "viewer"}', 400),
+        ("/api/tokens", '{"name": "x", "role": "viewer", "n": NaN}', 400),
+        ("/api/config", '{"yaml": "' + "[" * 5000 + '"}', 422),
+        ("/api/config", "[" * 5000, 422),
+    ],
+)
+def test_it_answers_a_hostile_body_with_a_4xx_not_a_500(api, tokens, path, raw, status):
+    content_type = "application/yaml" if raw.startswith("[") else "application/json"
+    response = Client().post(
+        path,
+        raw,
+        content_type=content_type,
+        headers={"Authorization": f"Bearer {tokens['admin']}"},
+    )
+    assert response.status_code == status, response.content

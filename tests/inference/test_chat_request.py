@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.chat_request import parse_chat_request
+from inference.chat_request import decode_json, parse_chat_request
 from inference.chat_schema import ChatMessage, schema_problem
 from inference.errors import BadRequest
 
@@ -149,3 +149,48 @@ def test_it_refuses_what_a_node_cannot_serve_with_a_reason() -> None:
     custom = {"type": "custom", "custom": {"name": "grep"}}
     error = refused({"model": "m", "messages": POISON["messages"][:1], "tools": [custom]})
     assert error.param == "tools[0].type"
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        # a union's tag ("function", "user") that is also a key of the object
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            "messages[0].tool_calls[0].id",
+        ),
+        ({"role": "user", "content": 5, "user": {"content": "x"}}, "messages[0].content"),
+    ],
+)
+def test_it_names_the_right_field_when_a_tag_is_also_a_key(message, field) -> None:
+    assert refused({"model": "m", "messages": [message]}).param == field
+
+
+def test_it_names_a_bad_tool_choice_function_name() -> None:
+    body = {
+        **GOOD,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": 5}},
+    }
+    assert refused(body).param == "tool_choice.function.name"
+    body = {**GOOD, "tools": [{"type": "function", "function": {"name": "a b"}}]}
+    assert refused(body).param == "tools[0].function.name"  # OpenAI's name rule
+    assert refused({**GOOD, "tool_choice": "required"}).param == "tool_choice"  # no tools
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"model": "m", "x": NaN}', "NaN is not a JSON number"),
+        (b'{"model": "m", "x": -Infinity}', "-Infinity is not a JSON number"),
+        (b"[" * 5000 + b"]" * 5000, "nests too deeply"),
+        (b'{"model": "\\ud800"}', "surrogate"),
+        (b"\xff", "not UTF-8"),
+    ],
+)
+def test_it_decodes_only_json_a_node_can_be_sent(raw, says) -> None:
+    with pytest.raises(BadRequest, match=says):
+        decode_json(raw)

@@ -117,3 +117,49 @@ def test_the_breaker_spares_a_node_that_mostly_succeeds_and_forgets_old_failures
     assert breaker.failure("a", "p2", "x", now=6) is None
     assert breaker.failure("a", "p3", "x", now=7) is None  # 3 of 7 answers: not half
     assert breaker.failure("a", "p4", "x", now=30) is None  # the rest aged out of the window
+
+
+async def test_a_body_that_fails_on_two_nodes_is_not_carried_further(fakes, auth):
+    for fake in fakes.values():
+        fake.shape = "reset"  # each node takes the request and drops the connection
+    response = await post(chat_body("the query of death"), auth)
+    assert response.status_code == 502
+    assert "failed on node-01 and node-02" in json.loads(response.content)["error"]["message"]
+    assert sent(fakes) == 2
+    again = await post(chat_body("the query of death"), auth)
+    assert again.status_code == 422
+    assert json.loads(again.content)["error"]["code"] == "request_quarantined"
+    assert sent(fakes) == 2  # refused before any node saw it
+    for fake in fakes.values():
+        fake.shape = "ok"
+    assert (await post(chat_body("an ordinary question"), auth)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("headers", "raw"),
+    [
+        ({"X-Session-Id": "caf\u00e9"}, json.dumps(chat_body())),  # header bytes read as latin-1
+        ({}, json.dumps(chat_body(x=float("nan")))),  # Python writes NaN; JSON has none
+    ],
+)
+async def test_it_refuses_what_cannot_be_forwarded_with_a_400(fakes, auth, headers, raw):
+    response = await AsyncClient().post(
+        CHAT, raw, content_type="application/json", headers={**auth, **headers}
+    )
+    assert response.status_code == 400
+    assert sent(fakes) == 0
+
+
+async def test_a_websocket_session_id_with_a_control_character_is_refused(fakes, token):
+    from channels.testing import WebsocketCommunicator
+
+    from console.asgi import application
+
+    comm = WebsocketCommunicator(application, f"/ws/sessions/a%0Ab/?token={token}")
+    await comm.connect()
+    event = await comm.receive_json_from(timeout=5)
+    assert event["type"] == "error" and event["code"] == "invalid_session_id"
+    await comm.disconnect()
+    assert sent(fakes) == 0
+    async for node in Node.objects.all():
+        assert node.consecutive_failures == 0

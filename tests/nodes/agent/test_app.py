@@ -377,3 +377,56 @@ def test_it_rereads_its_credential_file_for_a_rotation(tmp_path) -> None:
     file.write_text("phx1.new\n")
     assert not check.accepts("Bearer phx1.old") and check.accepts("bearer phx1.new")
     assert not check.accepts(None) and not check.accepts("phx1.new")
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        (
+            {"type": "string", "maxLength": 3000},
+            "nests 3000 groups deep",
+        ),  # 30,000 crashed the node
+        ({"type": "string", "maxLength": 30000}, "240,130 bytes"),
+        ({"type": "string", "pattern": "^((((a{0,8}){0,8}){0,8}){0,8})$"}, "repeats a repeated"),
+        ({"enum": []}, "rejected the grammar"),  # llama.cpp refuses it: the request's fault
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_the_node_cannot_take_is_the_requests_fault(node, schema, says, stream) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 3,
+        "response_format": schema_format(schema),
+    }
+    if stream and "rejected" in says:  # found on the engine thread, after the stream began
+        events = stream_events(node, body)
+        assert events[-1]["error"]["type"] == "invalid_request_error"
+        assert says in events[-1]["error"]["message"]
+    elif not stream:
+        r = chat(node, body)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["code"] == "unsupported_schema"
+    assert httpx.get(f"{node.url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("arguments", ["1" * 5000, "[" * 100000, "not json"])
+def test_a_tool_call_in_the_history_is_rendered_whatever_its_arguments(node, arguments) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    r = chat(node, {"messages": messages, "max_tokens": 2})
+    assert r.status_code in (200, 400), r.text  # 400 only when it is over the context
+    assert r.status_code == 200 or r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(node) -> None:
+    messages = [{"role": "user", "content": "a"}] * 50_000
+    r = chat(node, {"messages": messages, "max_tokens": 2})
+    assert r.status_code == 400 and "bytes cannot fit" in r.json()["error"]["message"]
