@@ -24,7 +24,7 @@
       traces[c.id] = new Map();
       Plotly.newPlot(div, [], layout(c.title), {displayModeBar: false, responsive: true});
     });
-    let last = -1, pending = false;
+    let last = -1, pending = false, revision = 0;
 
     function push(chartId, name, x, y) {
       let t = traces[chartId].get(name);
@@ -46,11 +46,14 @@
       }
     }
     function draw() {
+      // Plotly.react redraws only what it sees change: hand it new arrays (copies of the
+      // windows) and a new datarevision, or it keeps drawing the first frame
       pending = false;
+      revision += 1;
       charts.forEach(c => {
         const div = document.getElementById("chart-" + c.id);
-        const data = [...traces[c.id].entries()].map(([name, t]) => ({x: t.x, y: t.y, name: name.trim(), mode: "lines", type: "scatter", connectgaps: false}));
-        Plotly.react(div, data, layout(c.title));
+        const data = [...traces[c.id].entries()].map(([name, t]) => ({x: t.x.slice(), y: t.y.slice(), name: name.trim(), mode: "lines", type: "scatter", connectgaps: false}));
+        Plotly.react(div, data, {...layout(c.title), datarevision: revision});
         div.dataset.points = String(data.reduce((a, t) => a + t.x.length, 0));
       });
     }

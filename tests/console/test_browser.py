@@ -217,15 +217,33 @@ def test_it_drains_a_node_from_its_page(page_as, array, healthy_node):
     playwright_sync.expect(state).to_have_text("up", timeout=30_000)
 
 
-def test_it_grows_a_utilization_chart(page_as, array, healthy_node):
+# Points Plotly has drawn: the vertices of the chart's SVG line paths (what a person sees).
+DRAWN_POINTS = """(id) => [...document.querySelectorAll('#' + id + ' path.js-line')]
+    .map(p => (p.getAttribute('d') || '').split(/[ML]/).filter(Boolean).length)
+    .reduce((a, b) => a + b, 0)"""
+
+
+def assert_chart_keeps_drawing(page, chart_id: str) -> None:
+    """The chart's drawn line gains points as new samples arrive (it used to freeze)."""
+    page.wait_for_function(f"({DRAWN_POINTS})('{chart_id}') > 1", timeout=30_000)
+    first = page.evaluate(f"({DRAWN_POINTS})('{chart_id}')")
+    page.wait_for_function(f"({DRAWN_POINTS})('{chart_id}') > {first + 2}", timeout=30_000)
+
+
+def test_it_keeps_drawing_the_utilization_charts(page_as, array, healthy_node):
     page = page_as("viewer")
     page.goto(f"{array.url}/utilization/")
-    chart = "document.getElementById('chart-tps')"
-    page.wait_for_function(f"{chart} && Number({chart}.dataset.points) > 0", timeout=30_000)
-    first = int(page.evaluate(f"{chart}.dataset.points"))
-    page.wait_for_function(f"Number({chart}.dataset.points) > {first}", timeout=30_000)
-    assert page.evaluate(f"{chart}.data.length") >= 1
+    assert_chart_keeps_drawing(page, "chart-cpu")
+    before = page.locator("#chart-cpu").screenshot()
+    page.wait_for_timeout(3000)
+    assert page.locator("#chart-cpu").screenshot() != before  # the picture moves
     shot(page, "utilization")
+
+
+def test_it_keeps_drawing_a_node_pages_charts(page_as, array, healthy_node):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/nodes/{healthy_node}/")
+    assert_chart_keeps_drawing(page, "chart-cpu")
 
 
 def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
