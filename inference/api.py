@@ -125,6 +125,8 @@ def session_show(request: HttpRequest, session_id: str) -> dict:
 
 class PolicyOut(Schema):
     session_header: str
+    model_aliases: dict[str, str]
+    default_model: str
     failover_strategy: str = Field(
         description="stick_and_redirect | stick_and_rebalance | least_loaded"
     )
@@ -155,6 +157,8 @@ class PolicyIn(Schema):
     model_config = {"extra": "forbid"}
 
     session_header: str | None = None
+    model_aliases: dict[str, str] | None = None
+    default_model: str | None = None
     failover_strategy: str | None = None
     health_interval_s: float | None = None
     failure_threshold: int | None = None

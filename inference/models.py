@@ -75,6 +75,19 @@ class RoutingPolicy(models.Model):
         LEAST_LOADED = "least_loaded", "No affinity: every request to the least loaded node"
 
     session_header = models.CharField(max_length=64, default="X-Session-Id")
+    model_aliases = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Other model names clients send, and the package each means: {"gpt-4o-mini": '
+        '"smollm2-135m-instruct-q4_1"} (agent frameworks often hard-code a name).',
+    )
+    default_model = models.CharField(
+        max_length=160,
+        blank=True,
+        default="",
+        help_text="The package a request for a model this array does not know goes to "
+        "(blank: such a request gets 404).",
+    )
     health_interval_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
     failure_threshold = models.PositiveSmallIntegerField(
         default=3, validators=[MinValueValidator(1)]
@@ -165,6 +178,13 @@ class RoutingPolicy(models.Model):
             )
         if not self.session_header.strip() or any(c in self.session_header for c in " :\r\n"):
             errors["session_header"] = "Must be an HTTP header name such as X-Session-Id."
+        aliases = self.model_aliases
+        if not isinstance(aliases, dict) or not all(
+            isinstance(k, str) and k.strip() and isinstance(v, str) and v.strip()
+            for k, v in aliases.items()
+        ):
+            errors["model_aliases"] = 'Must map model names to package names: {"alias": "package"}.'
+
         if errors:
             raise ValidationError(errors)
 

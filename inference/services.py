@@ -79,15 +79,18 @@ def package_register(
 
 
 def package_resolve(*, model: str) -> ModelPackage:
-    """The package a client's ``model`` names: ``name`` (newest version) or ``name:version``.
+    """The package a client's ``model`` names: ``name`` (newest version) or ``name:version``;
+    else what the routing policy's ``model_aliases`` map it to; else the policy's
+    ``default_model`` when one is set.
 
     Raises ``UnknownModel`` naming the model.
     """
-    name, _, version = model.strip().partition(":")
-    packages = ModelPackage.objects.filter(name=name)
-    if version:
-        packages = packages.filter(version=version)
-    package = packages.order_by("-created_at", "-id").first()
+    package = _package_named(model)
+    if package is not None:
+        return package
+    policy = RoutingPolicy.load()
+    target = (policy.model_aliases or {}).get(model.strip()) or policy.default_model
+    package = _package_named(target) if target else None
     if package is None:
         raise UnknownModel(
             f"The model {model!r} does not exist; GET /v1/models lists the "
@@ -95,6 +98,14 @@ def package_resolve(*, model: str) -> ModelPackage:
             param="model",
         )
     return package
+
+
+def _package_named(model: str) -> ModelPackage | None:
+    name, _, version = model.strip().partition(":")
+    packages = ModelPackage.objects.filter(name=name)
+    if version:
+        packages = packages.filter(version=version)
+    return packages.order_by("-created_at", "-id").first()
 
 
 # --- API tokens -----------------------------------------------------------------------------

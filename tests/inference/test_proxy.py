@@ -7,6 +7,7 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
 from inference.models import ApiToken, SessionRoute
+from inference.services import policy_update
 from nodes.models import Node
 from tests.fakenode import refused_address
 from tests.inference.conftest import MODEL
@@ -323,3 +324,17 @@ async def test_a_policy_change_applies_to_the_next_request(fakes, auth):
     await sync_to_async(policy_update)(changes={"session_header": "X-Custom-Session"})
     await post(AsyncClient(), body(), headers)
     assert await SessionRoute.objects.filter(session_id="c-1").aexists()
+
+
+async def test_it_serves_a_hard_coded_model_name_through_an_alias_or_the_default(fakes, auth):
+    unknown = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]})
+    assert (await post(AsyncClient(), unknown, auth)).status_code == 404
+    await sync_to_async(policy_update)(changes={"model_aliases": {"gpt-4o-mini": MODEL}})
+    aliased = await post(AsyncClient(), unknown, auth)
+    assert aliased.status_code == 200
+    served = fakes[aliased["X-Phalanx-Node"]].requests[-1]["body"]
+    assert served["model"] == MODEL  # the node is asked for the package it serves
+    other = json.dumps({"model": "claude-x", "messages": [{"role": "user", "content": "x"}]})
+    assert (await post(AsyncClient(), other, auth)).status_code == 404
+    await sync_to_async(policy_update)(changes={"default_model": MODEL})
+    assert (await post(AsyncClient(), other, auth)).status_code == 200
