@@ -80,13 +80,33 @@ def gguf_facts(path: str) -> GgufFacts:
 
 
 def packages_with_use() -> list[ModelPackage]:
-    """Every package with ``node_count`` and ``up_count`` annotated, by name then newest."""
-    return list(
+    """Every package with ``node_count``, ``up_count`` and ``sequence_limit`` (the fewest
+    tokens a sequence holds on its up nodes, prompt plus output; None until a node reported
+    it) annotated, by name then newest."""
+    packages = list(
         ModelPackage.objects.annotate(
             node_count=Count("nodes", distinct=True),
             up_count=Count("nodes", filter=Q(nodes__state=Node.State.UP), distinct=True),
         ).order_by("name", "-created_at")
     )
+    limits = sequence_limits()
+    for package in packages:
+        package.sequence_limit = limits.get(package.pk)  # type: ignore[attr-defined]
+    return packages
+
+
+def sequence_limits() -> dict[int, int]:
+    """``{package id: tokens per sequence}``, the smallest over the up nodes serving it, from
+    their last metrics (KV capacity over sequences)."""
+    limits: dict[int, int] = {}
+    rows = Node.objects.filter(state=Node.State.UP, package__isnull=False)
+    for package_id, load in rows.values_list("package_id", "last_seen_load"):
+        capacity = (load or {}).get("kv_capacity")
+        total = (load or {}).get("total")
+        if capacity and total:
+            limit = int(capacity // total)
+            limits[package_id] = min(limit, limits.get(package_id, limit))
+    return limits
 
 
 def nodes_with_sessions() -> list[Node]:

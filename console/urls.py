@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 
 from console import views
 from console.api import api
@@ -11,6 +12,7 @@ urlpatterns = [
     path("v1/", include("inference.urls")),
     path("api/", api.urls),
     path("health", views.health, name="health"),
+    path("favicon.ico", RedirectView.as_view(url="/static/console/favicon.svg", permanent=True)),
     path("metrics", views.metrics, name="metrics"),
     re_path(r"^static/(?P<path>.*)$", views.static, name="static"),
     path("", include("console.page_urls")),

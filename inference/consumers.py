@@ -268,8 +268,11 @@ def _error_event(error: Any, node_id: str) -> dict[str, Any]:
 
 
 def _node_error(status: int, body: bytes, node_id: str) -> ProxyError:
+    """A node's refusal of the turn as the error a REST client would get: the node's own
+    ``message``, ``code`` (``context_length_exceeded`` ...) and ``param``."""
     try:
-        message = json.loads(body)["error"]["message"]
+        error = json.loads(body)["error"]
+        message, code, param = str(error["message"]), error.get("code"), error.get("param")
     except (ValueError, KeyError, TypeError):
-        message = body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
-    return ProxyError(f"{node_id} refused the turn: {message}", code="node_error", status=status)
+        message, code, param = body.decode("utf-8", "replace")[:500] or f"HTTP {status}", None, None
+    return ProxyError(message, code=code or "node_error", status=status, param=param)

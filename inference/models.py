@@ -178,6 +178,8 @@ class RoutingPolicy(models.Model):
             )
         if not self.session_header.strip() or any(c in self.session_header for c in " :\r\n"):
             errors["session_header"] = "Must be an HTTP header name such as X-Session-Id."
+        if self.model_aliases in (None, ""):
+            self.model_aliases = {}
         aliases = self.model_aliases
         if not isinstance(aliases, dict) or not all(
             isinstance(k, str) and k.strip() and isinstance(v, str) and v.strip()

@@ -36,19 +36,19 @@ BUNDLED_PACKAGE_NAME = "smollm2-135m-instruct-q4_1"
 BUNDLED_PACKAGE_VERSION = "1"
 NODE_HOST = "127.0.0.1"
 NODE_BASE_PORT = 9401
-OPERATOR = "operator"
+ADMIN_USER = "admin"  # the bootstrap user is a superuser: its name says its role
 
 
 @dataclass(frozen=True)
 class BootstrapResult:
     """What ``array_bootstrap`` made: the package, the nodes (and their model file), the
-    operator's password when it was just created (else None) and an API token (plaintext,
+    admin user's password when it was just created (else None) and an API token (plaintext,
     or None when ``$PHALANX_API_TOKEN`` is in use)."""
 
     package: ModelPackage
     model_path: Path
     nodes: list[Node]
-    operator_password: str | None
+    admin_password: str | None
     api_token: str | None
 
 
@@ -91,10 +91,11 @@ def array_bootstrap(
     *, nodes: int, mint_token: bool = True, node_base_port: int = NODE_BASE_PORT
 ) -> BootstrapResult:
     """Make the embedded array's inventory (idempotent): the bundled model on disk and
-    registered, nodes ``node-01..node-NN`` at ``127.0.0.1:<node_base_port>..``, one CPU each, an operator
+    registered, nodes ``node-01..node-NN`` at ``127.0.0.1:<node_base_port>..``, one CPU each, an ``admin``
     superuser, and a fresh API token unless ``$PHALANX_API_TOKEN`` is set.
 
-    ``$PHALANX_OPERATOR_PASSWORD``, when set, becomes the operator's password (created or not).
+    ``$PHALANX_ADMIN_PASSWORD`` (or the older ``$PHALANX_OPERATOR_PASSWORD``), when set, becomes
+    the ``admin`` user's password (created or not).
     Raises ``ValueError`` for ``nodes < 1``; download and checksum errors from
     ``ensure_bundled_model``.
     """
@@ -113,7 +114,7 @@ def array_bootstrap(
             )[0]
             for i in range(nodes)
         ]
-        password = _ensure_operator()
+        password = _ensure_admin_user()
         token = None
         if mint_token and not os.environ.get(inference_services.ENV_TOKEN):
             token = token_issue(
@@ -122,13 +123,13 @@ def array_bootstrap(
     return BootstrapResult(package, model_path, made, password, token)
 
 
-def _ensure_operator() -> str | None:
+def _ensure_admin_user() -> str | None:
     users = get_user_model()
-    wanted = os.environ.get("PHALANX_OPERATOR_PASSWORD")
-    user = users.objects.filter(username=OPERATOR).first()
+    wanted = os.environ.get("PHALANX_ADMIN_PASSWORD") or os.environ.get("PHALANX_OPERATOR_PASSWORD")
+    user = users.objects.filter(username=ADMIN_USER).first()
     if user is None:
         password = wanted or secrets.token_urlsafe(12)
-        users.objects.create_superuser(OPERATOR, email="", password=password)
+        users.objects.create_superuser(ADMIN_USER, email="", password=password)
         return password
     if wanted:
         user.set_password(wanted)

@@ -53,6 +53,14 @@
     socket.send(JSON.stringify({type: "user", content: text, model: $("model").value || undefined,
                                 max_tokens: parseInt($("max-tokens").value, 10) || 64}));
   });
+  function boundMaxTokens() {
+    // a sequence holds prompt plus output: the chosen package's per-sequence limit bounds it
+    const option = $("model").selectedOptions[0];
+    const limit = option && parseInt(option.dataset.limit, 10);
+    if (limit) $("max-tokens").max = String(limit);
+  }
+  $("model").addEventListener("change", boundMaxTokens);
+  boundMaxTokens();
   $("new-session").addEventListener("click", () => {
     $("session").value = "playground-" + Math.random().toString(16).slice(2, 14);
     $("conversation").innerHTML = ""; if (socket) socket.close();

@@ -1,4 +1,4 @@
-"""Tool calls over the session websocket, against the real bundled model behind the proxy."""
+"""The session websocket against the real bundled model behind the proxy: tools, limits."""
 
 from __future__ import annotations
 
@@ -88,3 +88,14 @@ async def test_a_tool_result_for_an_unknown_call_is_still_validated(steady):
     events = await turn(comm, {"type": "tool", "tool_call_id": "", "content": "x"})
     await comm.disconnect()
     assert events[-1]["type"] == "error" and events[-1]["param"] == "tool_call_id"
+
+
+async def test_an_over_long_websocket_turn_gets_the_rest_error_before_any_delta(steady):
+    token = await inventory(steady[0])
+    comm = WebsocketCommunicator(application, f"/ws/sessions/ws-long/?token={token}")
+    assert (await comm.connect())[0]
+    events = await turn(comm, {"type": "user", "content": "word " * 3000, "max_tokens": 4})
+    await comm.disconnect()
+    assert [e["type"] for e in events] == ["error"]
+    assert events[0]["code"] == "context_length_exceeded"
+    assert "per-sequence context" in events[0]["message"]

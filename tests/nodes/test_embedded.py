@@ -20,6 +20,7 @@ def model_file(tmp_path, monkeypatch):
     monkeypatch.setattr(embedded, "ensure_bundled_model", lambda model_dir: path)
     monkeypatch.delenv("PHALANX_API_TOKEN", raising=False)
     monkeypatch.delenv("PHALANX_OPERATOR_PASSWORD", raising=False)
+    monkeypatch.delenv("PHALANX_ADMIN_PASSWORD", raising=False)
     return path
 
 
@@ -34,8 +35,8 @@ def test_it_bootstraps_the_inventory_idempotently(model_file):
         ("node-02", "127.0.0.1:9402"),
     ]
     assert all(n.package_id == package.pk and n.cpu_set for n in Node.objects.all())
-    assert first.operator_password and second.operator_password is None
-    assert get_user_model().objects.get(username="operator").is_superuser
+    assert first.admin_password and second.admin_password is None
+    assert get_user_model().objects.get(username="admin").is_superuser
     assert token_authenticate(raw=first.api_token) and token_authenticate(raw=second.api_token)
     assert ApiToken.objects.count() == 2
 

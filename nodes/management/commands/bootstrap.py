@@ -7,7 +7,7 @@ import os
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.services import ENV_TOKEN
-from nodes.embedded import OPERATOR, BootstrapResult, array_bootstrap
+from nodes.embedded import ADMIN_USER, BootstrapResult, array_bootstrap
 
 
 def describe(result: BootstrapResult) -> list[str]:
@@ -17,12 +17,12 @@ def describe(result: BootstrapResult) -> list[str]:
         f"ctx {result.package.context_window}) at {result.model_path}"
     ]
     lines += [f"node {n.node_id} at {n.address}, cpus {n.cpu_set}" for n in result.nodes]
-    if result.operator_password:
-        lines.append(f"operator login: {OPERATOR} / {result.operator_password}")
+    if result.admin_password:
+        lines.append(f"admin login: {ADMIN_USER} / {result.admin_password}")
     else:
         lines.append(
-            f"operator login: {OPERATOR} (password set earlier; "
-            f"change it with: manage.py changepassword {OPERATOR})"
+            f"admin login: {ADMIN_USER} (password set earlier; "
+            f"change it with: manage.py changepassword {ADMIN_USER})"
         )
     if result.api_token:
         lines.append(f"API token: {result.api_token}")

@@ -1,7 +1,7 @@
 """``manage.py up [--nodes 2] [--port 8000]``: run the embedded array on this machine.
 
 Migrates, bootstraps, starts the control plane (daphne), the control loop and N node agents as
-child processes, prints the console URL, operator login and API token, and on Ctrl-C or
+child processes, prints the console URL, admin login and API token, and on Ctrl-C or
 SIGTERM stops every child (SIGTERM, then SIGKILL after a timeout).
 """
 
