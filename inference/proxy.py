@@ -171,8 +171,8 @@ async def _open_first(
     session_id: str | None,
     policy: RoutingPolicy,
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
-    """Send the request and read up to the first body bytes (or the whole body of a 5xx or a
-    429, returned with no iterator)."""
+    """Send the request and read up to the first body bytes (or the whole body of a 5xx, a 429,
+    a 401 or a 403, returned with no iterator: ``_refused`` judges those)."""
     response = await node_client.chat_open(
         address,
         node_id=node_id,
@@ -182,7 +182,7 @@ async def _open_first(
         read_timeout=policy.request_timeout_s,
     )
     try:
-        if response.status_code >= 500 or response.status_code == 429:
+        if response.status_code >= 500 or response.status_code in REFUSALS:
             await response.aread()
             await node_client.chat_close(response)
             return response, None, b""
@@ -447,6 +447,8 @@ def _refuse_poison(payload: dict[str, Any]) -> None:
 
 POISON_NODES = 2
 OVERLOAD_STATUSES = (429, 503)
+NOT_OUR_NODE = (401, 403)
+REFUSALS = (*OVERLOAD_STATUSES, *NOT_OUR_NODE)
 
 
 async def _refused(
@@ -457,7 +459,9 @@ async def _refused(
     policy: RoutingPolicy,
     exclude: dict[str, str],
 ) -> None:
-    """A node's 5xx or 429 before any body. Overload (503, 429) moves the request to another
+    """A node's 5xx, 429, 401 or 403 before any body. 401 and 403 (our credential refused: a
+    misconfigured node, or another array's) count against the node and move the request on.
+    Overload (503, 429) moves the request to another
     node, or, for a session pinned there, is passed on as 503 ``node_busy`` with the node's
     Retry-After; nothing is counted against the node. Any other 5xx is this request's failure:
     returned to the client as 502 ``node_error``, never retried with the same body on other
@@ -465,6 +469,11 @@ async def _refused(
     failing there while others succeed). Returns None after excluding the node (the caller
     tries another); raises ``NoHealthyNode`` or ``UpstreamError`` otherwise."""
     status = response.status_code
+    if status in NOT_OUR_NODE:  # a wrong credential, or another array's node: the node's fault
+        reason = f"refused this control plane's credential ({status}): {_error_message(response)}"
+        log.warning("%s %s", target.node_id, reason)
+        await _exclude(target.node_id, reason, exclude, policy, failed=True)
+        return None
     if status in OVERLOAD_STATUSES:
         if target.decision.action == "stuck":
             raise NoHealthyNode(

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from nodes.credentials import node_auth_headers
+from nodes.credentials import array_id, node_auth_headers
 from nodes.metrics import load_from_metrics, parse_prometheus
 
 _sync_client: httpx.Client | None = None
@@ -68,6 +68,9 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
         return ProbeResult(False, "loading", "health 503 (loading)")
     if response.status_code != 200:
         return ProbeResult(False, "error", f"health answered {response.status_code}")
+    stranger = _stranger(response, node_id)
+    if stranger:
+        return ProbeResult(False, "error", stranger)
     try:
         metrics = _client().get(
             f"{base}/metrics", headers=node_auth_headers(node_id), timeout=timeout
@@ -80,6 +83,25 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
     except httpx.TransportError:
         load = None
     return ProbeResult(True, "ok", "", load)
+
+
+def _stranger(health: httpx.Response, node_id: str) -> str:
+    """Why the node answering ``/health`` is not ``node_id`` of this array ("" when it is, or
+    when it does not say: an external OpenAI-compatible server)."""
+    try:
+        body = health.json()
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    said_node, said_array = body.get("node"), body.get("array")
+    ours = array_id()
+    if said_node not in (None, node_id) or said_array not in (None, "", ours):
+        return (
+            f"the server at this address is node {said_node!r} of array {said_array!r}, not "
+            f"{node_id!r} of this array ({ours}): another array's node, or a wrong address"
+        )
+    return ""
 
 
 def async_client() -> httpx.AsyncClient:

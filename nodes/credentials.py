@@ -70,6 +70,14 @@ def node_credential(node_id: str) -> str:
     return _cached(node_secret(), node_id)
 
 
+def array_id(secret: str | None = None) -> str:
+    """This array's id (16 hex digits, derived from its node secret): each node reports it in
+    ``/health``, so a control plane never takes another array's node on the same machine for
+    one of its own."""
+    secret = node_secret() if secret is None else secret
+    return hashlib.sha256(f"phalanx array id:{secret}".encode()).hexdigest()[:16]
+
+
 def node_auth_headers(node_id: str) -> dict[str, str]:
     """``{"Authorization": "Bearer <credential>"}`` for a call to ``node_id``."""
     return {"Authorization": f"Bearer {node_credential(node_id)}"}

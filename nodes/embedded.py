@@ -28,14 +28,14 @@ from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.gguf_meta import read_gguf_info
 from inference.models import ModelPackage
 from nodes.agent.auth import ENV_CREDENTIAL
-from nodes.credentials import node_credential
+from nodes.credentials import array_id, node_credential
 from nodes.models import Node
 from nodes.services import node_upsert
 
 BUNDLED_PACKAGE_NAME = "smollm2-135m-instruct-q4_1"
 BUNDLED_PACKAGE_VERSION = "1"
 NODE_HOST = "127.0.0.1"
-NODE_BASE_PORT = 9401
+NODE_BASE_PORT = 8001  # the default control-plane port (8000) + 1
 ADMIN_USER = "admin"  # the bootstrap user is a superuser: its name says its role
 
 
@@ -166,8 +166,9 @@ def node_command(node: Node, *, model_path: Path, package: ModelPackage) -> list
 
 def node_environment(node: Node) -> dict[str, str]:
     """What a local node agent gets beside its command line: its credential (in the
-    environment, not on the command line, where every local user could read it)."""
-    return {ENV_CREDENTIAL: node_credential(node.node_id)}
+    environment, not on the command line, where every local user could read it) and the
+    array's id (reported in its ``/health``)."""
+    return {ENV_CREDENTIAL: node_credential(node.node_id), "PHALANX_ARRAY_ID": array_id()}
 
 
 def control_plane_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
@@ -240,6 +241,19 @@ def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
             process.send_signal(sig)
         except ProcessLookupError:
             pass
+
+
+def ports_taken(addresses: Sequence[tuple[str, int]]) -> list[str]:
+    """``"host:port"`` of each address something already listens on (or we may not bind)."""
+    taken = []
+    for host, port in addresses:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+            try:
+                sock.bind((host, port))
+            except OSError:
+                taken.append(f"{host}:{port}")
+    return taken
 
 
 def wait_for_port(host: str, port: int, *, timeout: float) -> bool:

@@ -66,9 +66,12 @@ ROUTES = (
 
 @dataclass
 class NodeIdentity:
+    """Who the node is: its id, the package it serves, its GGUF's sha256 and its array's id."""
+
     node_id: str
     package: str
     model_sha256: str = ""
+    array_id: str = ""
 
 
 class NodeApp:
@@ -175,6 +178,7 @@ class NodeApp:
             {
                 "status": "ok",
                 "node": self.identity.node_id,
+                "array": self.identity.array_id,
                 "model": self.identity.package,
                 "pid": os.getpid(),
                 "sequences_active": snap["sequences_active"],

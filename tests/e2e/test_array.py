@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -18,10 +19,18 @@ import pytest
 from openai import OpenAI
 from websockets.sync.client import connect
 
-from tests.support.processes import bundled_model_path, free_port, spawn, wait_healthy
+from nodes.credentials import credential_for
+from tests.support.processes import (
+    bundled_model_path,
+    control_plane_at_home,
+    free_port,
+    spawn,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 TOKEN = "phx_e2e_test_token_0123456789"
+ARRAY_SECRET = "e2e-array-node-secret"
 MODEL = "smollm2-135m-instruct-q4_1"
 
 
@@ -35,7 +44,8 @@ def array(tmp_path_factory):
     env = {
         "PHALANX_HOME": str(home),
         "PHALANX_API_TOKEN": TOKEN,
-        "PHALANX_OPERATOR_PASSWORD": "e2e-pass",
+        "PHALANX_ADMIN_PASSWORD": "e2e-pass",
+        "PHALANX_NODE_SECRET": ARRAY_SECRET,  # an array of its own, not the tests' secret
     }
     proc = spawn(
         [
@@ -189,3 +199,51 @@ def test_it_moves_a_session_when_its_node_is_killed(array) -> None:
     moved_to, second = turn(array, "e2e-failover", history)
     assert moved_to != node
     assert second["choices"][0]["message"]["content"]
+
+
+def test_another_array_never_takes_this_arrays_node(array, tmp_path) -> None:
+    """A second control plane on the machine (its own home and node secret) is told this
+    array's node address: its control loop refuses the node, and its proxy never reaches it."""
+    setup = (
+        "from nodes.embedded import package_register_bundled\n"
+        "from tests.support.processes import bundled_model_path\n"
+        "package_register_bundled(bundled_model_path())"
+    )
+    plane, token, extra = control_plane_at_home(tmp_path / "other-array", setup=setup)
+    try:
+        address = array["nodes"][0].removeprefix("http://")
+        auth = {"Authorization": f"Bearer {token}"}
+        put = httpx.put(
+            f"{plane.url}/api/nodes/node-01",
+            json={"node_id": "node-01", "address": address, "package": f"{MODEL}:1"},
+            headers=auth,
+        )
+        assert put.status_code in (200, 201), put.text
+        subprocess.run(
+            [sys.executable, "manage.py", "controlloop", "--once"],
+            env={**os.environ, **extra},
+            check=True,
+            timeout=60,
+        )
+        node = httpx.get(f"{plane.url}/api/nodes/node-01", headers=auth).json()
+        assert node["state"] != "up"
+        assert "another array's node" in node["last_probe_error"]
+        before = served(array, address)
+        chat = httpx.post(
+            f"{plane.url}/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            headers=auth,
+            timeout=30,
+        )
+        assert chat.status_code == 503
+        assert served(array, address) == before
+    finally:
+        plane.stop()
+
+
+def served(array, address: str) -> float:
+    """The node's request count, read with this array's own credential for it."""
+    headers = {"Authorization": f"Bearer {credential_for(ARRAY_SECRET, 'node-01')}"}
+    text = httpx.get(f"http://{address}/metrics", headers=headers, timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith("phalanx_node_requests_total"))
+    return float(line.rsplit(" ", 1)[1])

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -31,8 +34,8 @@ def test_it_bootstraps_the_inventory_idempotently(model_file):
     package = ModelPackage.objects.get()
     assert package.name == embedded.BUNDLED_PACKAGE_NAME and package.quantization == "Q4_1"
     assert list(Node.objects.values_list("node_id", "address")) == [
-        ("node-01", "127.0.0.1:9401"),
-        ("node-02", "127.0.0.1:9402"),
+        ("node-01", "127.0.0.1:8001"),
+        ("node-02", "127.0.0.1:8002"),
     ]
     assert all(n.package_id == package.pk and n.cpu_set for n in Node.objects.all())
     assert first.admin_password and second.admin_password is None
@@ -60,7 +63,7 @@ def test_it_builds_the_node_command_line(model_file):
         "--id",
         "node-01",
         "--listen",
-        "127.0.0.1:9401",
+        "127.0.0.1:8001",
         "--model",
         str(model_file),
         "--package",
@@ -103,3 +106,21 @@ def test_it_kills_a_child_that_ignores_sigterm(tmp_path):
         time.sleep(0.05)
     supervisor.stop(timeout=0.5)
     assert supervisor.exited()[0][1] == -9
+
+
+def test_up_stops_with_a_clear_message_when_a_port_is_taken(tmp_path) -> None:
+    """A second array on the same machine must not start on the first one's ports."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "manage.py", "up", "--nodes", "1", "--port", str(port - 1)],
+            env={**os.environ, "PHALANX_HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode != 0
+    assert f"port 127.0.0.1:{port} is taken" in done.stderr
+    assert not (tmp_path / "phalanx.sqlite3").exists()  # stopped before it touched anything

@@ -98,7 +98,7 @@ def start_node(
     The node accepts ``credential`` (default: what this process's control plane presents to
     ``node_id``, ``nodes.credentials.node_credential``); ``proc.headers`` carries it."""
     from nodes.agent.auth import ENV_CREDENTIAL
-    from nodes.credentials import node_credential
+    from nodes.credentials import array_id, node_credential
 
     credential = credential or node_credential(node_id)
     port = port or free_port(host)
@@ -119,7 +119,8 @@ def start_node(
         *(["--cpus", cpus] if cpus else []),
         *(extra_args or []),
     ]
-    proc = spawn(args, log_dir / f"{node_id}.log", env={ENV_CREDENTIAL: credential})
+    env = {ENV_CREDENTIAL: credential, "PHALANX_ARRAY_ID": array_id()}
+    proc = spawn(args, log_dir / f"{node_id}.log", env=env)
     proc.url = f"http://{host}:{port}"
     proc.headers = {"Authorization": f"Bearer {credential}"}
     if wait:

@@ -7,7 +7,7 @@ import os
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.services import ENV_TOKEN
-from nodes.embedded import ADMIN_USER, BootstrapResult, array_bootstrap
+from nodes.embedded import ADMIN_USER, NODE_BASE_PORT, BootstrapResult, array_bootstrap
 
 
 def describe(result: BootstrapResult) -> list[str]:
@@ -32,12 +32,17 @@ def describe(result: BootstrapResult) -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Fetch and register the bundled model, register N local nodes, an operator and a token."
+    help = (
+        "Fetch and register the bundled model, register N local nodes, the admin user and a token."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--nodes", type=int, default=2)
         parser.add_argument(
-            "--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1"
+            "--node-port",
+            type=int,
+            default=NODE_BASE_PORT,
+            help="port of node-01; node-N gets +N-1",
         )
 
     def handle(self, *args, **options) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from nodes.credentials import credential_for, node_credential
+from nodes.credentials import array_id, credential_for, node_credential
 
 
 class Command(BaseCommand):
@@ -26,3 +26,4 @@ class Command(BaseCommand):
         node_id = options["id"]
         secret = options["secret"]
         self.stdout.write(credential_for(secret, node_id) if secret else node_credential(node_id))
+        self.stderr.write(f"array id (runnode --array-id): {array_id(secret)}")

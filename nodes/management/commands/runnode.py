@@ -60,6 +60,12 @@ class Command(BaseCommand):
             help="one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
         )
         parser.add_argument(
+            "--array-id",
+            default=os.environ.get("PHALANX_ARRAY_ID", ""),
+            help="the id of the array this node belongs to, reported in /health "
+            "(manage.py nodecredential prints it; default $PHALANX_ARRAY_ID)",
+        )
+        parser.add_argument(
             "--credential-file",
             default=None,
             help="credentials to accept, one per line, re-read on change "
@@ -100,7 +106,10 @@ class Command(BaseCommand):
         engine = Engine(config)
         engine.start()
         app = NodeApp(
-            NodeIdentity(o["id"], package, o["sha256"]), engine, chat_service_for, credentials
+            NodeIdentity(o["id"], package, o["sha256"], o["array_id"]),
+            engine,
+            chat_service_for,
+            credentials,
         )
         self.stdout.write(f"node {o['id']} serving {package} on http://{host}:{port}", ending="\n")
         self.stdout.flush()

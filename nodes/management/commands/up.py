@@ -16,12 +16,14 @@ from django.core.management.base import BaseCommand, CommandError
 from nodes.client import probe
 from nodes.control import ControlLoop
 from nodes.embedded import (
+    NODE_HOST,
     Supervisor,
     array_bootstrap,
     control_loop_command,
     control_plane_command,
     node_command,
     node_environment,
+    ports_taken,
     wait_for_port,
 )
 from nodes.management.commands.bootstrap import describe
@@ -41,7 +43,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--nodes", type=int, default=2)
         parser.add_argument(
-            "--node-port", type=int, default=9401, help="port of node-01; node-N gets +N-1"
+            "--node-port",
+            type=int,
+            default=None,
+            help="port of node-01; node-N gets +N-1 (default: the control plane's port + 1)",
         )
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1", help="control plane bind address")
@@ -53,9 +58,20 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
+        port, host = options["port"], options["host"]
+        node_port = options["node_port"] or port + 1
+        taken = ports_taken(
+            [(host, port), *((NODE_HOST, node_port + i) for i in range(options["nodes"]))]
+        )
+        if taken:
+            raise CommandError(
+                f"port {', '.join(taken)} is taken (another array, or another program, listens "
+                "there); choose other ports: make run PORT=<port> (nodes use the next ports), "
+                "or manage.py up --port <port> --node-port <port>"
+            )
         call_command("migrate", interactive=False, verbosity=0)
         try:
-            result = array_bootstrap(nodes=options["nodes"], node_base_port=options["node_port"])
+            result = array_bootstrap(nodes=options["nodes"], node_base_port=node_port)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         supervisor = Supervisor()
@@ -63,7 +79,6 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, _raise_stop)
         code = 0
         try:
-            port, host = options["port"], options["host"]
             supervisor.start("control plane", control_plane_command(port=port, host=host))
             supervisor.start("control loop", control_loop_command())
             for node in result.nodes:
