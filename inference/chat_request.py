@@ -17,6 +17,7 @@ from typing import Any
 
 from inference.chat_schema import schema_problem
 from inference.errors import BadRequest
+from inference.schema_limits import check_schema_limits
 
 MAX_STOP_STRINGS = 8
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -25,12 +26,12 @@ TEXT_PART_TYPES = frozenset({"text", "refusal"})
 
 def decode_json(raw: bytes | str) -> Any:
     """Decode request JSON strictly; raises ``BadRequest`` (code ``invalid_json``) for text
-    that is not UTF-8, not JSON, uses ``NaN`` / ``Infinity`` (Python's ``json`` reads them, no
+    that is not UTF-8, not JSON, uses ``NaN`` / ``Infinity`` or a number past a float (``1e309``) (Python's ``json`` reads them, no
     JSON peer does: the body could not be forwarded), nests deeper than Python can follow, or
     holds an unpaired UTF-16 surrogate (``"\ud800"``: valid JSON, not text)."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        data = json.loads(text or "", parse_constant=_refuse_constant)
+        data = json.loads(text or "", parse_constant=_refuse_constant, parse_float=_finite)
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"The body is not UTF-8: {exc}.", code="invalid_json") from exc
@@ -48,6 +49,13 @@ def decode_json(raw: bytes | str) -> Any:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal[:40]} is too large for a number")
+    return value
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,8 @@ def _response_format(body: dict) -> dict[str, Any] | None:
             "response_format.json_schema.schema must be an object.",
             param="response_format.json_schema.schema",
         )
+    if fmt["type"] == "json_schema":
+        check_schema_limits(fmt["json_schema"]["schema"], "response_format.json_schema.schema")
     return fmt
 
 
@@ -210,6 +220,7 @@ def _tool_mode(body: dict) -> ToolMode | None:
                 f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or - (OpenAI's rule).",
                 param=f"tools[{i}].function.name",
             )
+        check_schema_limits(tool["function"].get("parameters"), f"tools[{i}].function.parameters")
         names.append(tool["function"]["name"])
     choice = body.get("tool_choice") or "auto"
     if isinstance(choice, dict):

@@ -62,7 +62,28 @@ def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, An
         name = default.name
     package = lookups.package_for_model(name)
     history = services.transcript_get(session_id=session_id)
+    if turn.message["role"] == "tool":
+        _check_answers_a_call(history, turn.message["tool_call_id"])
     return package.name, [*history, turn.message]
+
+
+def _check_answers_a_call(history: list[dict[str, Any]], call_id: str) -> None:
+    """Raises ``BadRequest`` unless ``call_id`` is a call of the session's last reply that no
+    tool result has answered yet."""
+    pending: list[str] = []
+    for message in history:
+        if message.get("role") == "assistant":
+            pending = [c.get("id") for c in message.get("tool_calls") or []]
+        elif message.get("role") == "tool" and message.get("tool_call_id") in pending:
+            pending.remove(message["tool_call_id"])
+    if call_id not in pending:
+        waiting = ", ".join(pending) if pending else "none"
+        raise BadRequest(
+            f"tool_call_id {call_id!r} answers no open tool call of this session (open: "
+            f"{waiting}).",
+            param="tool_call_id",
+            code="unknown_tool_call",
+        )
 
 
 _append = sync_to_async(services.transcript_append)
@@ -134,15 +155,14 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         ``done``."""
         try:
             model, messages = await _prepare_turn(self.session_id, turn)
-            if "tools" in turn.tools:
-                self.tools = turn.tools["tools"]
+            tools = turn.tools["tools"] if "tools" in turn.tools else self.tools
             payload = {
                 "model": model,
                 "messages": messages,
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 **turn.options,
-                **({"tools": self.tools} if self.tools else {}),
+                **({"tools": tools} if tools else {}),
                 **(
                     {"tool_choice": turn.tools["tool_choice"]}
                     if "tool_choice" in turn.tools
@@ -150,6 +170,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 ),
             }
             check_chat_body(payload)
+            self.tools = tools  # kept for later turns only once they passed
             upstream = await proxy.upstream_open(
                 payload=payload, model=model, session_id=self.session_id
             )

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -88,79 +88,90 @@ class RoutingPolicy(models.Model):
         help_text="The package a request for a model this array does not know goes to "
         "(blank: such a request gets 404).",
     )
-    health_interval_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
+    health_interval_s = models.FloatField(
+        default=5.0, validators=[MaxValueValidator(3600), MinValueValidator(0.1)]
+    )
     failure_threshold = models.PositiveSmallIntegerField(
-        default=3, validators=[MinValueValidator(1)]
+        default=3, validators=[MaxValueValidator(100), MinValueValidator(1)]
     )
     failover_strategy = models.CharField(
         max_length=32, choices=FailoverStrategy.choices, default=FailoverStrategy.STICK_AND_REDIRECT
     )
-    probe_timeout_s = models.FloatField(default=2.0, validators=[MinValueValidator(0.1)])
-    connect_timeout_s = models.FloatField(default=2.0, validators=[MinValueValidator(0.1)])
+    probe_timeout_s = models.FloatField(
+        default=2.0, validators=[MaxValueValidator(600), MinValueValidator(0.1)]
+    )
+    connect_timeout_s = models.FloatField(
+        default=2.0, validators=[MaxValueValidator(600), MinValueValidator(0.1)]
+    )
     request_timeout_s = models.FloatField(
         default=120.0,
-        validators=[MinValueValidator(1.0)],
+        validators=[MaxValueValidator(3600), MinValueValidator(1.0)],
         help_text="Longest wait for the node's next byte (s).",
     )
     first_byte_floor_s = models.FloatField(
         default=5.0,
-        validators=[MinValueValidator(0.1)],
+        validators=[MaxValueValidator(3600), MinValueValidator(0.1)],
         help_text="Shortest wait for a streamed answer's first byte (s); see first_byte_margin.",
     )
     first_byte_margin = models.FloatField(
         default=3.0,
-        validators=[MinValueValidator(1.0)],
+        validators=[MaxValueValidator(100), MinValueValidator(1.0)],
         help_text="A streamed answer's first byte may take this many times the prompt's "
         "estimated prefill on the node (at least first_byte_floor_s).",
     )
     max_attempts = models.PositiveSmallIntegerField(
         default=3,
-        validators=[MinValueValidator(1)],
+        validators=[MaxValueValidator(10), MinValueValidator(1)],
         help_text="Nodes tried for one request when it fails before its first byte.",
     )
     retry_backoff_ms = models.PositiveIntegerField(
         default=50,
         help_text="Wait before the 2nd attempt (ms); doubles per attempt, capped at 1 s.",
+        validators=[MaxValueValidator(60000)],
     )
     recovery_threshold = models.PositiveSmallIntegerField(
         default=2,
-        validators=[MinValueValidator(1)],
+        validators=[MaxValueValidator(100), MinValueValidator(1)],
         help_text="Consecutive good probes before a down node is up again (flap damping).",
     )
     session_idle_release_s = models.FloatField(
         default=1800.0,
-        validators=[MinValueValidator(1.0)],
+        validators=[MaxValueValidator(2592000), MinValueValidator(1.0)],
         help_text="A session idle this long loses its pin; its next turn is placed afresh (s).",
     )
     overload_threshold = models.FloatField(
         default=1.5,
-        validators=[MinValueValidator(0.1)],
+        validators=[MaxValueValidator(100), MinValueValidator(0.1)],
         help_text="Load per weight at which a pinned session may move (stick_and_rebalance).",
     )
     rebalance_target = models.FloatField(
         default=0.5,
-        validators=[MinValueValidator(0.0)],
+        validators=[MaxValueValidator(100), MinValueValidator(0.0)],
         help_text="A rebalanced session only moves to a node below this load per weight.",
     )
     move_cooldown_s = models.FloatField(
         default=120.0,
-        validators=[MinValueValidator(0.0)],
+        validators=[MaxValueValidator(86400), MinValueValidator(0.0)],
         help_text="A session that moved for load does not move for load again within this (s).",
     )
     canary_idle_s = models.FloatField(
         default=60.0,
-        validators=[MinValueValidator(0.0)],
+        validators=[MaxValueValidator(86400), MinValueValidator(0.0)],
         help_text="After this long without traffic, health checks add a 1-token completion "
         "(s; 0 turns canaries off).",
     )
-    canary_timeout_s = models.FloatField(default=10.0, validators=[MinValueValidator(0.1)])
+    canary_timeout_s = models.FloatField(
+        default=10.0, validators=[MaxValueValidator(600), MinValueValidator(0.1)]
+    )
     max_inflight_per_node = models.PositiveIntegerField(
         default=64,
         help_text="Requests one control-plane process keeps open to one node; past it, 429.",
+        validators=[MaxValueValidator(1000000)],
     )
     max_inflight = models.PositiveIntegerField(
         default=512,
         help_text="Requests one control-plane process keeps open in all; past it, 429.",
+        validators=[MaxValueValidator(1000000)],
     )
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -178,6 +189,11 @@ class RoutingPolicy(models.Model):
             )
         if not self.session_header.strip() or any(c in self.session_header for c in " :\r\n"):
             errors["session_header"] = "Must be an HTTP header name such as X-Session-Id."
+        elif not self.session_header.lower().startswith("x-"):
+            errors["session_header"] = (
+                "Must be a custom header (X-...): a standard one such as Host would give every "
+                "client the same session."
+            )
         if self.model_aliases in (None, ""):
             self.model_aliases = {}
         aliases = self.model_aliases

@@ -50,14 +50,15 @@ def session_key(headers: Mapping[str, str], *, header: str) -> str | None:
 
 
 def check_session_id(value: str, *, where: str = "the session id") -> str:
-    """``value`` when it is 1 to 200 printable ASCII characters (it travels to nodes in an HTTP
-    header, which carries nothing else safely); raises ``BadRequest`` otherwise."""
+    """``value`` when it is 1 to 200 printable ASCII characters, not starting or ending with a
+    space (it travels to nodes in an HTTP header, which carries nothing else safely); raises
+    ``BadRequest`` otherwise."""
     if len(value) > MAX_SESSION_ID:
         raise BadRequest(
             f"Session key in {where} is longer than {MAX_SESSION_ID} characters.",
             code="invalid_session_id",
         )
-    if not value or not all(" " <= ch <= "~" for ch in value):
+    if not value.strip() or value != value.strip() or not all(" " <= ch <= "~" for ch in value):
         raise BadRequest(
             f"Session key in {where} must be printable ASCII (no control or non-ASCII characters).",
             code="invalid_session_id",

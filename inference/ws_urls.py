@@ -7,5 +7,6 @@ from django.urls import re_path
 from inference.consumers import SessionConsumer
 
 websocket_urlpatterns = [
-    re_path(r"^ws/sessions/(?P<session_id>[^/]+)/?$", SessionConsumer.as_asgi()),
+    # a session id may hold "/" (REST takes any printable key): everything up to the last "/"
+    re_path(r"^ws/sessions/(?P<session_id>.+?)/?$", SessionConsumer.as_asgi()),
 ]

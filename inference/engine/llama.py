@@ -121,6 +121,21 @@ class LlamaModel:
             longest = max(longest, abs(n))
         return longest
 
+    def control_token_texts(self) -> tuple[str, ...]:
+        """The texts of the vocabulary's control and user-defined tokens (``<|im_end|>`` ...):
+        written in a prompt, they tokenize as those tokens, not as text."""
+        texts = []
+        for token in range(self.n_vocab):
+            attr = C.llama_vocab_get_attr(self.vocab, token)
+            if (
+                C.llama_vocab_is_control(self.vocab, token)
+                or attr & C.LLAMA_TOKEN_ATTR_USER_DEFINED
+            ):
+                text = self.piece(token, special=True).decode("utf-8", "replace")
+                if text.strip():
+                    texts.append(text)
+        return tuple(texts)
+
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import re._constants as re_constants  # the stdlib's own regex parser, to inspect patterns
-import re._parser as re_parser
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -36,20 +34,36 @@ class TemplateError(ValueError):
 
 
 class ChatFormatter:
-    """Renders messages with a model's chat template."""
+    """Renders messages with a model's chat template.
 
-    def __init__(self, template: str | None, *, bos_token: str, eos_token: str) -> None:
+    ``special_texts``: the texts of the model's control tokens (``<|im_end|>`` ...). The prompt
+    is tokenized with special tokens parsed, so each one written inside a message would end
+    the message or open a forged one (a tool result saying ``<|im_end|><|im_start|>system``);
+    inside messages they are defused with a word joiner (U+2060) after their first character
+    and reach the model as the text they look like."""
+
+    def __init__(
+        self,
+        template: str | None,
+        *,
+        bos_token: str,
+        eos_token: str,
+        special_texts: tuple[str, ...] = (),
+    ) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
         self._template = env.from_string(template or CHATML_TEMPLATE)
         self.bos_token = bos_token
         self.eos_token = eos_token
+        protocol = (TOOL_OPEN, TOOL_CLOSE, "<tool_response>", "</tool_response>")
+        self.special_texts = tuple(t for t in special_texts if t not in protocol)
 
     def render(self, messages: list[dict[str, Any]], tool_mode: ToolMode | None = None) -> str:
         """Prompt text ending with the assistant's turn opener. Raises ``TemplateError``."""
         plain = [_flatten(m) for m in messages]
         if tool_mode:
             plain = _with_tool_instructions(plain, tool_mode)
+        plain = [{**m, "content": self._defuse(m["content"])} for m in plain]
         try:
             return self._template.render(
                 messages=plain,
@@ -59,6 +73,15 @@ class ChatFormatter:
             )
         except Exception as exc:  # jinja raises many kinds
             raise TemplateError(f"chat template failed: {exc}") from exc
+
+    def _defuse(self, text: str) -> str:
+        for special in self.special_texts:
+            if special in text:
+                text = text.replace(special, special[0] + WORD_JOINER + special[1:])
+        return text
+
+
+WORD_JOINER = "\u2060"
 
 
 def _raise_template_error(message: str) -> None:
@@ -160,49 +183,6 @@ def _group_depth(gbnf: str) -> int:
         elif ch == ")":
             depth -= 1
     return deepest
-
-
-def check_patterns(schema: Any, where: str = "schema") -> None:
-    """Raises ``GrammarTooComplex`` for a ``pattern`` anywhere in ``schema`` that repeats a group
-    which itself repeats (``(a{0,8}){0,8}``): its grammar is ambiguous, and matching it makes
-    the node's sampler try exponentially many parses per token."""
-    if isinstance(schema, dict):
-        pattern = schema.get("pattern")
-        if isinstance(pattern, str) and _nested_repeat(pattern):
-            raise GrammarTooComplex(f"{where}.pattern {pattern!r} repeats a repeated group")
-        for key, value in schema.items():
-            check_patterns(value, f"{where}.{key}")
-    elif isinstance(schema, list):
-        for i, value in enumerate(schema):
-            check_patterns(value, f"{where}[{i}]")
-
-
-def _nested_repeat(pattern: str) -> bool:
-    try:
-        parsed = re_parser.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return False  # json_schema_to_gbnf decides what it makes of it
-    return _has_nested_repeat(parsed, inside_repeat=False)
-
-
-_REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
-
-
-def _has_nested_repeat(items: Any, *, inside_repeat: bool) -> bool:
-    for op, arg in items:
-        if op in _REPEATS:
-            low, high, sub = arg
-            if high != 1 and inside_repeat:
-                return True
-            if _has_nested_repeat(sub, inside_repeat=inside_repeat or high != 1):
-                return True
-        elif op is re_constants.SUBPATTERN:
-            if _has_nested_repeat(arg[-1], inside_repeat=inside_repeat):
-                return True
-        elif op is re_constants.BRANCH:
-            if any(_has_nested_repeat(b, inside_repeat=inside_repeat) for b in arg[1]):
-                return True
-    return False
 
 
 def _rename_root(gbnf: str, name: str) -> str:

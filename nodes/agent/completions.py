@@ -20,7 +20,6 @@ from inference.engine.prompt import (
     ChatFormatter,
     TemplateError,
     check_grammar,
-    check_patterns,
     parse_tool_call,
     response_format_grammar,
     tool_grammar,
@@ -116,10 +115,8 @@ def _grammar(chat: ChatRequest) -> str | None:
     in them cannot be turned into a grammar."""
     try:
         if chat.tool_mode:
-            check_patterns(list(chat.tool_mode.tools), "tools")
             grammar = tool_grammar(chat.tool_mode)
         else:
-            check_patterns(chat.response_format, "response_format")
             grammar = response_format_grammar(chat.response_format)
         return check_grammar(grammar) if grammar else None
     except Exception as exc:  # json_schema_to_gbnf raises many kinds on schemas it cannot take

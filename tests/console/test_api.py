@@ -363,3 +363,26 @@ def test_it_answers_a_hostile_body_with_a_4xx_not_a_500(api, tokens, path, raw, 
         headers={"Authorization": f"Bearer {tokens['admin']}"},
     )
     assert response.status_code == status, response.content
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "field"),
+    [
+        ('{"health_interval_s": 1e309}', 400, None),  # took the whole array down once
+        ('{"health_interval_s": 1e9}', 422, "health_interval_s"),
+        ('{"session_header": "Host"}', 422, "session_header"),
+    ],
+)
+def test_it_keeps_the_policy_within_bounds(tokens, raw, status, field):
+    response = Client().put(
+        "/api/routing/policy",
+        raw,
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {tokens['operator']}"},
+    )
+    assert response.status_code == status, response.content
+    assert response.json().get("field") == field
+    from inference.models import RoutingPolicy
+
+    policy = RoutingPolicy.load()
+    assert policy.health_interval_s == 5.0 and policy.session_header == "X-Session-Id"

@@ -182,3 +182,36 @@ async def test_it_stops_an_open_connection_whose_token_was_revoked(fakes, token)
     event = await comm.receive_json_from()
     assert event["type"] == "error" and "revoked" in event["message"]
     assert (await comm.receive_output())["type"] == "websocket.close"
+
+
+async def test_a_refused_turns_tools_do_not_stick_to_the_connection(fakes, token):
+    comm = connect("sticky", token)
+    await comm.connect()
+    bad = await turn(comm, {"content": "hi", "tools": [{"type": "function", "function": {}}]})
+    assert bad[-1]["type"] == "error" and bad[-1]["param"] == "tools[0].function.name"
+    fine = await turn(comm, {"content": "hi"})
+    await comm.disconnect()
+    assert fine[-1]["type"] == "done"
+
+
+async def test_a_tool_result_must_answer_an_open_call(fakes, token):
+    comm = connect("tool-ids", token)
+    await comm.connect()
+    events = await turn(comm, {"type": "tool", "tool_call_id": "call_nope", "content": "4C"})
+    await comm.disconnect()
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "unknown_tool_call"
+    assert "open: none" in events[-1]["message"]
+    assert sum(len(f.requests) for f in fakes.values()) == 0
+
+
+@pytest.mark.parametrize(("path", "ok"), [("team%2Fagent-7", True), ("a/b", True), ("%20", False)])
+async def test_websocket_session_ids_follow_the_rest_rules(fakes, token, path, ok):
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{path}/?token={token}")
+    connected, _ = await comm.connect()
+    assert connected
+    if ok:
+        assert (await turn(comm, {"content": "hi"}))[-1]["type"] == "done"
+    else:
+        event = await comm.receive_json_from(timeout=5)
+        assert event["code"] == "invalid_session_id"
+    await comm.disconnect()
