@@ -33,7 +33,7 @@ async def turn(comm: WebsocketCommunicator, message: dict) -> list[dict]:
 
 async def test_it_streams_deltas_then_done_with_node_usage_and_timings(fakes, token):
     comm = connect("ws-1", token)
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=10)
     assert connected
     events = await turn(comm, {"type": "user", "content": "hi", "max_tokens": 8, "seed": 1})
     await comm.disconnect()
@@ -49,7 +49,7 @@ async def test_it_streams_deltas_then_done_with_node_usage_and_timings(fakes, to
 
 async def test_it_keeps_the_transcript_so_the_client_sends_only_the_new_message(fakes, token):
     comm = connect("ws-2", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     first = (await turn(comm, {"message": "one"}))[-1]["node"]
     second = (await turn(comm, {"content": "two"}))[-1]["node"]
     await comm.disconnect()
@@ -62,7 +62,7 @@ async def test_it_keeps_the_transcript_so_the_client_sends_only_the_new_message(
 
 async def test_it_shares_the_pin_with_rest(fakes, token):
     comm = connect("shared", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     node = (await turn(comm, {"content": "hi"}))[-1]["node"]
     await comm.disconnect()
     response = await AsyncClient().post(
@@ -77,14 +77,14 @@ async def test_it_shares_the_pin_with_rest(fakes, token):
 
 async def test_it_accepts_a_bearer_header(fakes, token):
     comm = connect("hdr", headers=[(b"authorization", f"Bearer {token}".encode())])
-    assert (await comm.connect())[0]
+    assert (await comm.connect(timeout=10))[0]
     assert (await turn(comm, {"content": "hi"}))[-1]["type"] == "done"
     await comm.disconnect()
 
 
 async def test_it_rejects_a_missing_token_with_an_error_event(fakes):
     comm = connect("noauth")
-    await comm.connect()
+    await comm.connect(timeout=10)
     event = await comm.receive_json_from()
     assert event["type"] == "error" and "API token" in event["message"]
     assert (await comm.receive_output())["type"] == "websocket.close"
@@ -111,7 +111,7 @@ async def test_it_rejects_a_missing_token_with_an_error_event(fakes):
 )
 async def test_it_answers_bad_messages_with_an_error_event(fakes, token, raw, needle):
     comm = connect("bad", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     await comm.send_to(text_data=raw)
     event = await comm.receive_json_from(timeout=5)
     assert event["type"] == "error" and needle in event["message"]
@@ -121,7 +121,7 @@ async def test_it_answers_bad_messages_with_an_error_event(fakes, token, raw, ne
 async def test_it_sends_an_error_event_when_no_node_is_up(fakes, token):
     await sync_to_async(Node.objects.update)(state=Node.State.DOWN)
     comm = connect("down", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     events = await turn(comm, {"content": "hi"})
     await comm.disconnect()
     assert events[-1]["type"] == "error" and "no healthy node" in events[-1]["message"]
@@ -132,7 +132,7 @@ async def test_it_sends_an_error_event_when_the_stream_breaks(fakes, token):
     for fake in fakes.values():
         fake.break_after = 2
     comm = connect("broken", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     events = await turn(comm, {"content": "hi"})
     await comm.disconnect()
     assert [e["type"] for e in events] == ["delta", "delta", "error"]
@@ -144,7 +144,7 @@ async def test_it_refuses_a_second_turn_while_one_runs(fakes, token):
     for fake in fakes.values():
         fake.tokens, fake.token_delay = ["x"] * 20, 0.02
     comm = connect("busy", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     await comm.send_json_to({"content": "one"})
     await comm.send_json_to({"content": "two"})
     events = []
@@ -158,7 +158,7 @@ async def test_it_cancels_the_upstream_when_the_client_disconnects(fakes, token)
     for fake in fakes.values():
         fake.tokens, fake.token_delay = ["x"] * 500, 0.01
     comm = connect("gone", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     await comm.send_json_to({"content": "hi"})
     assert (await comm.receive_json_from(timeout=10))["type"] == "delta"
     await comm.disconnect()
@@ -174,7 +174,7 @@ async def test_it_stops_an_open_connection_whose_token_was_revoked(fakes, token)
     from inference.services import token_revoke
 
     comm = connect("revoked", headers=[(b"authorization", f"Bearer {token}".encode())])
-    assert (await comm.connect())[0]
+    assert (await comm.connect(timeout=10))[0]
     assert (await turn(comm, {"content": "hi"}))[-1]["type"] == "done"
     token_id = await ApiToken.objects.values_list("pk", flat=True).aget()
     await sync_to_async(token_revoke)(token_id=token_id)
@@ -186,7 +186,7 @@ async def test_it_stops_an_open_connection_whose_token_was_revoked(fakes, token)
 
 async def test_a_refused_turns_tools_do_not_stick_to_the_connection(fakes, token):
     comm = connect("sticky", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     bad = await turn(comm, {"content": "hi", "tools": [{"type": "function", "function": {}}]})
     assert bad[-1]["type"] == "error" and bad[-1]["param"] == "tools[0].function.name"
     fine = await turn(comm, {"content": "hi"})
@@ -196,7 +196,7 @@ async def test_a_refused_turns_tools_do_not_stick_to_the_connection(fakes, token
 
 async def test_a_tool_result_must_answer_an_open_call(fakes, token):
     comm = connect("tool-ids", token)
-    await comm.connect()
+    await comm.connect(timeout=10)
     events = await turn(comm, {"type": "tool", "tool_call_id": "call_nope", "content": "4C"})
     await comm.disconnect()
     assert events[-1]["type"] == "error" and events[-1]["code"] == "unknown_tool_call"
@@ -207,7 +207,7 @@ async def test_a_tool_result_must_answer_an_open_call(fakes, token):
 @pytest.mark.parametrize(("path", "ok"), [("team%2Fagent-7", True), ("a/b", True), ("%20", False)])
 async def test_websocket_session_ids_follow_the_rest_rules(fakes, token, path, ok):
     comm = WebsocketCommunicator(application, f"/ws/sessions/{path}/?token={token}")
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=10)
     assert connected
     if ok:
         assert (await turn(comm, {"content": "hi"}))[-1]["type"] == "done"

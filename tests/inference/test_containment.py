@@ -156,7 +156,7 @@ async def test_a_websocket_session_id_with_a_control_character_is_refused(fakes,
     from console.asgi import application
 
     comm = WebsocketCommunicator(application, f"/ws/sessions/a%0Ab/?token={token}")
-    await comm.connect()
+    await comm.connect(timeout=10)
     event = await comm.receive_json_from(timeout=5)
     assert event["type"] == "error" and event["code"] == "invalid_session_id"
     await comm.disconnect()

@@ -93,7 +93,7 @@ async def test_a_broken_websocket_turn_is_an_error_and_stays_out_of_the_transcri
     await only_node_01_serves(fakes)
     fakes["node-01"].shape = shape
     comm = WebsocketCommunicator(application, f"/ws/sessions/ws-trunc/?token={token}")
-    assert (await comm.connect())[0]
+    assert (await comm.connect(timeout=10))[0]
     await comm.send_json_to({"type": "user", "content": "hi"})
     events = []
     while not events or events[-1]["type"] not in ("done", "error"):

@@ -38,7 +38,7 @@ async def turn(comm: WebsocketCommunicator, message: dict) -> list[dict]:
 async def test_a_websocket_session_calls_a_tool_and_continues_with_its_result(steady):
     token = await inventory(steady[0])
     comm = WebsocketCommunicator(application, f"/ws/sessions/ws-tools/?token={token}")
-    assert (await comm.connect())[0]
+    assert (await comm.connect(timeout=10))[0]
     asked = await turn(
         comm,
         {
@@ -84,7 +84,7 @@ async def test_a_websocket_session_calls_a_tool_and_continues_with_its_result(st
 async def test_a_tool_result_for_an_unknown_call_is_still_validated(steady):
     token = await inventory(steady[0])
     comm = WebsocketCommunicator(application, f"/ws/sessions/ws-bad-tool/?token={token}")
-    assert (await comm.connect())[0]
+    assert (await comm.connect(timeout=10))[0]
     events = await turn(comm, {"type": "tool", "tool_call_id": "", "content": "x"})
     await comm.disconnect()
     assert events[-1]["type"] == "error" and events[-1]["param"] == "tool_call_id"
@@ -93,7 +93,7 @@ async def test_a_tool_result_for_an_unknown_call_is_still_validated(steady):
 async def test_an_over_long_websocket_turn_gets_the_rest_error_before_any_delta(steady):
     token = await inventory(steady[0])
     comm = WebsocketCommunicator(application, f"/ws/sessions/ws-long/?token={token}")
-    assert (await comm.connect())[0]
+    assert (await comm.connect(timeout=10))[0]
     events = await turn(comm, {"type": "user", "content": "word " * 3000, "max_tokens": 4})
     await comm.disconnect()
     assert [e["type"] for e in events] == ["error"]
