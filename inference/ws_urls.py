@@ -8,5 +8,5 @@ from inference.consumers import SessionConsumer
 
 websocket_urlpatterns = [
     # a session id may hold "/" (REST takes any printable key): everything up to the last "/"
-    re_path(r"^ws/sessions/(?P<session_id>.+?)/?$", SessionConsumer.as_asgi()),
+    re_path(r"^ws/sessions/(?P<session_id>(?s:.+?))/?$", SessionConsumer.as_asgi()),
 ]
