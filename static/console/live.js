@@ -72,6 +72,26 @@
     });
   }
 
+  // What a draining node still holds, and whether stopping it now cuts anything.
+  function drainText(n) {
+    const streams = n.active || 0, pinned = n.sessions || 0;
+    if (streams > 0) return `Draining: ${streams} stream${streams === 1 ? "" : "s"} in flight and ${pinned} session${pinned === 1 ? "" : "s"} pinned here. Not safe to stop: it would cut the streams.`;
+    if (pinned > 0) return `Draining: no streams in flight; ${pinned} session${pinned === 1 ? "" : "s"} still pinned here (each moves with its KV at its next turn). Safe to stop; stopping now makes them prefill again elsewhere.`;
+    return "Drained: no streams in flight, no sessions pinned. Safe to stop.";
+  }
+  function bindDrainStatus(nodeId) {
+    const box = document.getElementById("drain-status");
+    if (!box) return;
+    on("snapshot", snap => {
+      const n = snap.nodes[nodeId];
+      box.hidden = !n || n.state !== "draining";
+      if (n && n.state === "draining") {
+        box.textContent = n.ok ? drainText(n) : "Draining: the node does not answer its metrics; what it still holds is unknown.";
+        box.dataset.safe = String(n.ok && !(n.active > 0));
+      }
+    });
+  }
+
   function addEvent(ev, nodeFilter) {
     if (!ev || seenEvents.has(ev.id) || (nodeFilter && ev.node_id !== nodeFilter)) return;
     seenEvents.add(ev.id);
@@ -111,7 +131,7 @@
     }, ms);
   }
 
-  window.Phalanx = {live: {on}, bindNodesTable, bindEvents, bindTiles, refresh, esc, fmt};
+  window.Phalanx = {live: {on}, bindNodesTable, bindDrainStatus, bindEvents, bindTiles, refresh, esc, fmt};
   document.addEventListener("DOMContentLoaded", connect);
   if (document.readyState !== "loading") setTimeout(connect, 0);
 })();

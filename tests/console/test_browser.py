@@ -206,7 +206,35 @@ def test_it_drains_a_node_from_its_page(page_as, array, healthy_node):
     page = page_as("operator")
     page.goto(f"{array.url}/nodes/{healthy_node}/")
     playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_hidden()
-    page.click("button[data-action=drain]")
+    status = page.locator("#drain-status")
+    long_stream = {
+        "model": PACKAGE,
+        "messages": [{"role": "user", "content": "List numbers."}],
+        "max_tokens": 1800,
+        "temperature": 0,
+        "stream": True,
+        # at least 250 numbers: the stream outlasts the test (about 40 s on one CPU)
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "numbers",
+                "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 250},
+            },
+        },
+    }
+    auth = {"Authorization": f"Bearer {array.token}"}
+    with httpx.stream(
+        "POST", f"{array.url}/v1/chat/completions", json=long_stream, headers=auth, timeout=120
+    ) as answer:
+        lines = answer.iter_lines()  # held: dropping the iterator would close the stream
+        next(line for line in lines if '"content": "' in line and '""' not in line)
+        page.click("button[data-action=drain]")
+        # what a person sees: a stream is still running, so stopping the node now would cut it
+        playwright_sync.expect(status).to_contain_text("1 stream in flight", timeout=30_000)
+        playwright_sync.expect(status).to_contain_text("Not safe to stop")
+    # the client went away: the node cancelled the stream; nothing is left
+    playwright_sync.expect(status).to_contain_text("Drained", timeout=30_000)
+    playwright_sync.expect(status).to_contain_text("Safe to stop")
     state = page.locator(".title-row [data-field=state]")
     playwright_sync.expect(state).to_have_text("draining")
     playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_visible()
