@@ -194,11 +194,29 @@ def _die_with_parent() -> None:
 PR_SET_PDEATHSIG = 1
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """Delays before restarting a child that exited: ``first_s``, doubling per restart in a
+    row, at most ``max_s``; a child that ran ``stable_s`` before exiting starts over at
+    ``first_s`` (a crash now and then is not a crash loop)."""
+
+    first_s: float = 1.0
+    max_s: float = 60.0
+    stable_s: float = 60.0
+
+    def delay(self, restarts_in_a_row: int) -> float:
+        """Seconds to wait before restart number ``restarts_in_a_row + 1``."""
+        return min(self.max_s, self.first_s * 2**restarts_in_a_row)
+
+
 @dataclass
 class Supervisor:
-    """Starts child processes in their own process groups and stops them all together."""
+    """Starts child processes in their own process groups, restarts one on demand, and stops
+    them all together."""
 
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)
 
     def start(
         self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None
@@ -211,8 +229,16 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
+        self.children = [(n, p) for n, p in self.children if n != name]
         self.children.append((name, process))
+        self.commands[name] = (list(argv), dict(env or {}))
+        self.started_at[name] = time.monotonic()
         return process
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start ``name`` again with the command and environment it was started with."""
+        argv, env = self.commands[name]
+        return self.start(name, argv, env=env)
 
     def exited(self) -> list[tuple[str, int]]:
         """``(name, returncode)`` of children that have exited."""

@@ -99,6 +99,7 @@ class NodeEvent(models.Model):
         DRAINED = "drained", "Drained"
         UNDRAINED = "undrained", "Undrained"
         REGISTERED = "registered", "Registered"
+        RESTARTED = "restarted", "Restarted"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)

@@ -109,6 +109,17 @@ def node_record_failure(*, node_id: str, reason: str, failure_threshold: int) ->
     return event
 
 
+def node_record_restart(*, node_id: str, message: str) -> NodeEvent | None:
+    """Log that the embedded array restarts a node agent that exited (``up``), and tell open
+    console pages. Unknown ids are ignored."""
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        return None
+    event = NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.RESTARTED, message=message)
+    live_node_changed(node_id=node_id, event=event)
+    return event
+
+
 @transaction.atomic
 def node_drain(*, node_id: str) -> NodeEvent | None:
     """Stop new sessions to the node; its pinned sessions move at their next turn."""

@@ -201,6 +201,29 @@ def test_it_moves_a_session_when_its_node_is_killed(array) -> None:
     assert second["choices"][0]["message"]["content"]
 
 
+def test_up_restarts_a_node_agent_that_exits(array) -> None:
+    url = array["nodes"][1]
+    pid = httpx.get(f"{url}/health").json()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            health = httpx.get(f"{url}/health", timeout=1).json()
+            if health.get("status") == "ok" and health["pid"] != pid:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the node agent did not come back")
+    events = httpx.get(
+        f"{array['base']}/api/nodes/node-02/events",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ).json()
+    restarts = [e for e in events if e["kind"] == "restarted"]
+    assert restarts and "exited with status -9" in restarts[0]["message"]
+
+
 def test_another_array_never_takes_this_arrays_node(array, tmp_path) -> None:
     """A second control plane on the machine (its own home and node secret) is told this
     array's node address: its control loop refuses the node, and its proxy never reaches it."""

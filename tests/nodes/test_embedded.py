@@ -124,3 +124,8 @@ def test_up_stops_with_a_clear_message_when_a_port_is_taken(tmp_path) -> None:
     assert done.returncode != 0
     assert f"port 127.0.0.1:{port} is taken" in done.stderr
     assert not (tmp_path / "phalanx.sqlite3").exists()  # stopped before it touched anything
+
+
+def test_restarts_back_off_and_a_stable_child_starts_over() -> None:
+    backoff = embedded.Backoff(first_s=1, max_s=60)
+    assert [backoff.delay(n) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]

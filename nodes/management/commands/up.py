@@ -17,6 +17,7 @@ from nodes.client import probe
 from nodes.control import ControlLoop
 from nodes.embedded import (
     NODE_HOST,
+    Backoff,
     Supervisor,
     array_bootstrap,
     control_loop_command,
@@ -27,6 +28,7 @@ from nodes.embedded import (
     wait_for_port,
 )
 from nodes.management.commands.bootstrap import describe
+from nodes.services import node_record_restart
 
 
 class _Stop(Exception):
@@ -124,16 +126,35 @@ class Command(BaseCommand):
             )
         ControlLoop().tick()
 
-    def _watch(self, supervisor: Supervisor) -> int:
-        """Wait; a node that exits is reported (the control loop marks it down); the control
-        plane or control loop exiting stops the array."""
-        reported: set[str] = set()
+    def _watch(self, supervisor: Supervisor, backoff: Backoff | None = None) -> int:
+        """Wait; a node agent that exits is restarted after a backoff (``Backoff``), with a
+        ``restarted`` event on its page; the control plane or control loop exiting stops the
+        array (returns its status)."""
+        backoff = backoff or Backoff()
+        in_a_row: dict[str, int] = {}
+        due: dict[str, float] = {}  # node -> when to start it again
         while True:
             time.sleep(0.5)
+            now = time.monotonic()
             for name, returncode in supervisor.exited():
-                if name in reported:
-                    continue
-                reported.add(name)
-                self.stderr.write(f"{name} exited with status {returncode}")
                 if name in ("control plane", "control loop"):
+                    self.stderr.write(f"{name} exited with status {returncode}")
                     return returncode or 1
+                if name in due:
+                    continue
+                ran_s = now - supervisor.started_at[name]
+                restarts = 0 if ran_s >= backoff.stable_s else in_a_row.get(name, -1) + 1
+                in_a_row[name] = restarts
+                delay = backoff.delay(restarts)
+                due[name] = now + delay
+                message = (
+                    f"node agent exited with status {returncode} after {ran_s:.0f} s; "
+                    f"restarting in {delay:.0f} s"
+                    + (f" ({restarts + 1} in a row)" if restarts else "")
+                )
+                self.stderr.write(f"{name}: {message}")
+                node_record_restart(node_id=name, message=message)
+            for name, at in list(due.items()):
+                if now >= at:
+                    supervisor.restart(name)
+                    del due[name]
