@@ -59,3 +59,14 @@ class ArrayConfig(models.Model):
         """The row, created empty on first use."""
         config, _ = cls.objects.get_or_create(pk=1)
         return config
+
+
+class UtilizationSample(models.Model):
+    """One utilization snapshot kept by the control loop (shape in ``console.utilization``),
+    so the history an operator sees does not depend on a console tab having been open."""
+
+    taken_at = models.DateTimeField(db_index=True)
+    snapshot = models.JSONField()
+
+    class Meta:
+        ordering = ["taken_at"]

@@ -29,16 +29,19 @@ import logging
 import os
 import time
 import weakref
+from datetime import timedelta
 from typing import Any
 
 import psutil
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.db import close_old_connections
 from django.db.models import Count
+from django.utils import timezone
 
 from console.live import LIVE_GROUP, event_payload
+from console.models import UtilizationSample
 from nodes import client as node_client
 from nodes.metrics import parse_prometheus
 from nodes.models import Node, NodeEvent
@@ -191,11 +194,40 @@ async def take_snapshot(seq: int, after_event: int | None) -> tuple[dict[str, An
     return {"seq": seq, "t": time.time(), "host": host, "nodes": out, "events": events}, last
 
 
-# --- history in the cache ------------------------------------------------------------------
+# --- history: the control loop's samples, then the cache ring ------------------------------
+
+KEEP_S = float(os.environ.get("PHALANX_UTILIZATION_KEEP_S", 24 * 3600))
+DURABLE_HISTORY_S = 1800  # what a new tab gets from the database (the charts' window)
 
 
-async def history() -> list[dict[str, Any]]:
-    """The kept snapshots, oldest first (at most ``HISTORY_S`` seconds)."""
+def record_sample() -> None:
+    """Take one snapshot and keep it (the control loop calls this every tick); drop samples
+    older than ``KEEP_S``."""
+    snapshot, _ = async_to_sync(take_snapshot)(0, None)
+    snapshot.pop("events", None)
+    now = timezone.now()
+    UtilizationSample.objects.create(taken_at=now, snapshot=snapshot)
+    UtilizationSample.objects.filter(taken_at__lt=now - timedelta(seconds=KEEP_S)).delete()
+
+
+def _durable(since_s: float) -> list[dict[str, Any]]:
+    close_old_connections()
+    cutoff = timezone.now() - timedelta(seconds=since_s)
+    return list(
+        UtilizationSample.objects.filter(taken_at__gte=cutoff).values_list("snapshot", flat=True)
+    )
+
+
+async def history(since_s: float = DURABLE_HISTORY_S) -> list[dict[str, Any]]:
+    """The kept snapshots, oldest first: the control loop's of the last ``since_s`` seconds,
+    then this array's cache ring (the last ``HISTORY_S`` seconds at one a second)."""
+    durable = await sync_to_async(_durable, thread_sensitive=False)(since_s)
+    ring = await _ring()
+    first_live = ring[0]["t"] if ring else float("inf")
+    return [s for s in durable if s["t"] < first_live] + ring
+
+
+async def _ring() -> list[dict[str, Any]]:
     seq = await cache.aget(f"{_KEY}:seq")
     if seq is None:
         return []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -55,9 +56,12 @@ class ControlLoop:
     stopped process counts as failed, not only a refused connection. Probes run in parallel.
     """
 
-    def __init__(self, *, max_workers: int = 16) -> None:
+    def __init__(
+        self, *, max_workers: int = 16, after_tick: Callable[[], None] | None = None
+    ) -> None:
         self.stop_event = threading.Event()
         self.max_workers = max_workers
+        self.after_tick = after_tick  # e.g. keep a utilization sample (manage.py controlloop)
 
     def tick(self) -> TickReport:
         """Probe every node once and apply the results; release idle pins; returns what
@@ -121,6 +125,8 @@ class ControlLoop:
             started = time.monotonic()
             try:
                 self.tick()
+                if self.after_tick is not None:
+                    self.after_tick()
             except Exception:  # keep the loop alive through a bad tick (e.g. database locked)
                 log.exception("control loop tick failed")
             finally:

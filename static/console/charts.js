@@ -24,7 +24,7 @@
       traces[c.id] = new Map();
       Plotly.newPlot(div, [], layout(c.title), {displayModeBar: false, responsive: true});
     });
-    let last = -1, pending = false, revision = 0;
+    let last = -Infinity, pending = false, revision = 0;
 
     function push(chartId, name, x, y) {
       let t = traces[chartId].get(name);
@@ -33,8 +33,8 @@
       if (t.x.length > WINDOW) { t.x.shift(); t.y.shift(); }
     }
     function add(snap) {
-      if (snap.seq <= last) return;
-      last = snap.seq;
+      if (snap.t <= last) return;  // by time: history mixes the control loop's and live samples
+      last = snap.t;
       const x = new Date(snap.t * 1000);
       if (options.host) HOST.series.forEach(([f, label]) => push("host", label, x, snap.host[f]));
       for (const [id, n] of Object.entries(snap.nodes)) {

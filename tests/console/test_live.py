@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -140,3 +141,29 @@ async def test_it_relays_events_from_another_process_through_redis(fake, token):
         assert (await _next(communicator, "node"))["node"]["state"] == "draining"
         await communicator.disconnect()
         await other_process.flush()
+
+
+@pytest.fixture
+def fake_node_for_history(transactional_db):
+    cache.clear()
+    node = FakeNode("node-h", metrics_text=METRICS).start()
+    Node.objects.create(node_id="node-h", address=node.address, state=Node.State.UP)
+    yield node
+    node.stop()
+
+
+def test_the_control_loop_keeps_history_without_an_open_tab(fake_node_for_history):
+    from asgiref.sync import async_to_sync
+
+    from console.models import UtilizationSample
+
+    utilization.record_sample()
+    utilization.record_sample()
+    kept = async_to_sync(utilization.history)()
+    assert len(kept) == 2 and kept[0]["t"] < kept[1]["t"]
+    assert kept[-1]["nodes"]["node-h"]["state"] == "up"
+    old = UtilizationSample.objects.first()
+    old.taken_at -= timedelta(seconds=utilization.KEEP_S + 1)
+    old.save()
+    utilization.record_sample()  # also drops what is past KEEP_S
+    assert UtilizationSample.objects.count() == 2

@@ -1,4 +1,5 @@
-"""``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``)."""
+"""``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``); each
+tick also keeps a utilization sample (``console.utilization.record_sample``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import signal
 
 from django.core.management.base import BaseCommand
 
+from console.utilization import record_sample
 from nodes.control import ControlLoop
 
 
@@ -16,7 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="run one tick, print it, exit")
 
     def handle(self, *args, **options) -> None:
-        loop = ControlLoop()
+        loop = ControlLoop(after_tick=record_sample)
         if options["once"]:
             report = loop.tick()
             for node_id, status in report.statuses.items():
