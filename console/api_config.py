@@ -37,6 +37,7 @@ class ApplyOut(Schema):
     unchanged: list[str]
     removed: list[str]
     settings_changed: list[str]
+    changes: list[str] = Field(description='each change, "field: before \u2192 after"')
     warnings: list[str]
 
 

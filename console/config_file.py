@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -68,6 +69,9 @@ class NodeSpec:
     affinity: bool | None = None
     cpu_set: str | None = None
     threads: int | None = None
+    package: str | None = None  # "name:version"; else inference.model_path's, else unchanged
+    max_sessions: int | None = None
+    kv_budget_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class ArraySpec:
     ai_module: str | None = None
     context_window: int | None = None
     max_batch: int | None = None
+    routing: dict[str, tuple[Any, int]] | None = None  # policy field -> (value, line)
 
 
 @dataclass
@@ -95,12 +100,36 @@ class ApplyReport:
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     settings_changed: list[str] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)  # "field: before -> after", one a line
     warnings: list[str] = field(default_factory=list)
     dry_run: bool = False
+
+    def note(self, where: str, before: Any, after: Any) -> None:
+        self.changes.append(f"{where}: {_shown(before)} \u2192 {_shown(after)}")
 
     @property
     def changed(self) -> bool:
         return bool(self.created or self.updated or self.removed or self.settings_changed)
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == "":
+        return "(none)"
+    return str(_num(value)) if isinstance(value, float) else str(value)
+
+
+# Policy fields the file writes elsewhere (server / pool), in the operators' own words.
+POLICY_ELSEWHERE = {"session_header", "health_interval_s", "failover_strategy"}
+
+
+def routing_fields() -> list[str]:
+    """The routing policy's fields the ``routing`` section holds: every editable one but those
+    in ``server`` and ``pool``."""
+    return [
+        f.name
+        for f in RoutingPolicy._meta.concrete_fields
+        if f.name not in ("id", "updated_at", *POLICY_ELSEWHERE)
+    ]
 
 
 # --- parsing --------------------------------------------------------------------------------
@@ -176,7 +205,21 @@ def _bool(node: yaml.Node, path: str) -> bool:
 
 
 def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
-    keys = _mapping(node, path, {"id", "address", "weight", "affinity", "cpu_set", "threads"})
+    keys = _mapping(
+        node,
+        path,
+        {
+            "id",
+            "address",
+            "weight",
+            "affinity",
+            "cpu_set",
+            "threads",
+            "package",
+            "max_sessions",
+            "kv_budget_tokens",
+        },
+    )
     for required in ("id", "address"):
         if required not in keys:
             raise ConfigError(
@@ -203,6 +246,13 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
         if "cpu_set" in keys
         else None,
         threads=_int(keys["threads"], f"{path}.threads", 1) if "threads" in keys else None,
+        package=_string(keys["package"], f"{path}.package") if "package" in keys else None,
+        max_sessions=_int(keys["max_sessions"], f"{path}.max_sessions", 0)
+        if "max_sessions" in keys
+        else None,
+        kv_budget_tokens=_int(keys["kv_budget_tokens"], f"{path}.kv_budget_tokens", 0)
+        if "kv_budget_tokens" in keys
+        else None,
     )
 
 
@@ -226,6 +276,29 @@ def _nodes(node: yaml.Node, path: str) -> list[NodeSpec]:
     return specs
 
 
+def _routing(node: yaml.Node) -> dict[str, tuple[Any, int]]:
+    """The ``routing`` section: policy fields as written (the model checks them on apply)."""
+    keys = _mapping(node, "routing", set(routing_fields()))
+    out: dict[str, tuple[Any, int]] = {}
+    for name, value_node in keys.items():
+        if name == "model_aliases":
+            value = _plain(value_node, f"routing.{name}")
+        else:
+            value = _scalar(value_node, f"routing.{name}")
+        out[name] = (value, _line(value_node))
+    return out
+
+
+def _plain(node: yaml.Node, path: str) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid here: {exc}", line=_line(node), field=path) from exc
+    finally:
+        loader.dispose()
+
+
 def parse_config(text: str) -> ArraySpec:
     """Parse and check a config file's text. Raises ``ConfigError`` naming line and field."""
     if len(text.encode()) > MAX_BYTES:
@@ -243,7 +316,7 @@ def parse_config(text: str) -> ArraySpec:
         raise ConfigError("the YAML nests too deeply.") from exc
     if root is None:
         return ArraySpec()
-    top = _mapping(root, "", {"server", "pool", "inference"})
+    top = _mapping(root, "", {"server", "pool", "routing", "inference"})
     values: dict[str, Any] = {}
     if "server" in top:
         server = _mapping(top["server"], "server", {"listen", "routing_key_header"})
@@ -281,6 +354,8 @@ def parse_config(text: str) -> ArraySpec:
                     field="pool.failover_strategy",
                 )
             values["failover_strategy"] = value
+    if "routing" in top:
+        values["routing"] = _routing(top["routing"])
     if "inference" in top:
         inf = _mapping(
             top["inference"],
@@ -320,16 +395,53 @@ def _package_for(model_path: str, report: ApplyReport) -> ModelPackage | None:
     return None
 
 
-def _apply_settings(spec: ArraySpec, report: ApplyReport) -> None:
+def _policy_changes(spec: ArraySpec) -> dict[str, tuple[Any, int | None]]:
+    """``{policy field: (value, line)}`` the file sets (``server``, ``pool``, ``routing``)."""
+    changes: dict[str, tuple[Any, int | None]] = dict(spec.routing or {})
+    if spec.routing_key_header is not None:
+        changes["session_header"] = (spec.routing_key_header, None)
+    if spec.health_check_interval_ms is not None:
+        changes["health_interval_s"] = (spec.health_check_interval_ms / 1000.0, None)
+    if spec.failover_strategy is not None:
+        changes["failover_strategy"] = (spec.failover_strategy, None)
+    return changes
+
+
+def _apply_policy(spec: ArraySpec, report: ApplyReport) -> None:
+    """Check every policy value the file sets with the model's own rules (``full_clean``:
+    types, bounds, cross-field), note each change, and save unless a dry run."""
     policy = RoutingPolicy.load()
-    policy_changes = {
-        "session_header": spec.routing_key_header,
-        "health_interval_s": None
-        if spec.health_check_interval_ms is None
-        else spec.health_check_interval_ms / 1000.0,
-        "failover_strategy": spec.failover_strategy,
+    changed = []
+    for name, (value, _) in _policy_changes(spec).items():
+        before = getattr(policy, name)
+        if before != value:
+            setattr(policy, name, value)
+            changed.append(name)
+            report.note(_policy_path(name), before, value)
+    if not changed:
+        return
+    try:
+        policy.full_clean()
+    except ValidationError as exc:
+        name, messages = next(iter(exc.message_dict.items()))
+        line = dict(_policy_changes(spec)).get(name, (None, None))[1]
+        raise ConfigError(" ".join(messages), line=line, field=_policy_path(name)) from exc
+    report.settings_changed += changed
+    if not report.dry_run:
+        policy.save()
+
+
+def _policy_path(name: str) -> str:
+    elsewhere = {
+        "session_header": "server.routing_key_header",
+        "health_interval_s": "pool.health_check_interval_ms",
+        "failover_strategy": "pool.failover_strategy",
     }
-    changed = [k for k, v in policy_changes.items() if v is not None and getattr(policy, k) != v]
+    return elsewhere.get(name, f"routing.{name}")
+
+
+def _apply_settings(spec: ArraySpec, report: ApplyReport) -> None:
+    _apply_policy(spec, report)
     config = ArrayConfig.load()
     config_changes = {
         "listen": spec.listen,
@@ -341,35 +453,56 @@ def _apply_settings(spec: ArraySpec, report: ApplyReport) -> None:
     config_changed = [
         k for k, v in config_changes.items() if v is not None and getattr(config, k) != v
     ]
-    report.settings_changed += changed + config_changed
+    for key in config_changed:
+        report.note(key, getattr(config, key), config_changes[key])
+    report.settings_changed += config_changed
     if report.dry_run:
         return
-    if changed:
-        for key in changed:
-            setattr(policy, key, policy_changes[key])
-        policy.save()
     for key in config_changed:
         setattr(config, key, config_changes[key])
     config.applied_at = timezone.now()
     config.save()
 
 
+def _node_package(spec: NodeSpec, package: ModelPackage | None) -> ModelPackage | None:
+    """The package a node entry names (``name:version``), else ``inference.model_path``'s."""
+    if spec.package is None:
+        return package
+    from inference.errors import UnknownModel
+    from inference.services import package_resolve
+
+    try:
+        return package_resolve(model=spec.package)
+    except UnknownModel as exc:
+        raise ConfigError(f"no package {spec.package!r}.", field=f"{spec.node_id}.package") from exc
+
+
 def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyReport) -> None:
     node = Node.objects.filter(node_id=spec.node_id).first()
-    wanted = {
+    package = _node_package(spec, package)
+    given = {
         "address": spec.address,
-        "package_id": package.pk if package else (node.package_id if node else None),
-        "weight": spec.weight if spec.weight is not None else (node.weight if node else 1.0),
-        "affinity": spec.affinity
-        if spec.affinity is not None
-        else (node.affinity if node else True),
-        "cpu_set": spec.cpu_set if spec.cpu_set is not None else (node.cpu_set if node else ""),
-        "threads": spec.threads if spec.threads is not None else (node.threads if node else 1),
+        "package_id": package.pk if package else None,
+        "weight": spec.weight,
+        "affinity": spec.affinity,
+        "cpu_set": spec.cpu_set,
+        "threads": spec.threads,
+        "max_sessions": spec.max_sessions,
+        "kv_budget_tokens": spec.kv_budget_tokens,
     }
-    if node is not None and all(getattr(node, k) == v for k, v in wanted.items()):
+    defaults = {"weight": 1.0, "affinity": True, "cpu_set": "", "threads": 1}
+    defaults |= {"max_sessions": 0, "kv_budget_tokens": 0, "package_id": None}
+    wanted = {
+        k: v if v is not None else (getattr(node, k) if node else defaults.get(k))
+        for k, v in given.items()
+    }
+    diffs = {k: (getattr(node, k), v) for k, v in wanted.items() if node and getattr(node, k) != v}
+    if node is not None and not diffs:
         report.unchanged.append(spec.node_id)
         return
     (report.created if node is None else report.updated).append(spec.node_id)
+    for key, (before, after) in diffs.items():
+        report.note(f"{spec.node_id}.{key}", before, after)
     if report.dry_run:
         return
     saved, _ = node_services.node_upsert(
@@ -381,6 +514,9 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
         weight=wanted["weight"],
         affinity=wanted["affinity"],
     )
+    limits = {k: wanted[k] for k in ("max_sessions", "kv_budget_tokens")}
+    if any(getattr(saved, k) != v for k, v in limits.items()):
+        Node.objects.filter(pk=saved.pk).update(**limits)
     live_node_changed(node_id=spec.node_id, event=saved.events.first() if node is None else None)
 
 
@@ -435,44 +571,61 @@ def _num(value: float) -> int | float:
 
 
 def export_document() -> dict[str, Any]:
-    """The inventory and settings as the config file's mapping (key order as documented)."""
+    """The inventory and settings as the config file's mapping (key order as documented):
+    every routing-policy field and every node setting, so applying it to another array, or to
+    this one later, restores them all; applying it unchanged changes nothing."""
     policy = RoutingPolicy.load()
     config = ArrayConfig.load()
     server = _Flow()
     if config.listen:
         server["listen"] = config.listen
     server["routing_key_header"] = str(policy.session_header)
-    nodes = []
-    for node in Node.objects.select_related("package").order_by("node_id"):
-        entry = _Flow(
-            id=node.node_id, address=node.address, weight=_num(node.weight), affinity=node.affinity
-        )
-        if node.cpu_set:
-            entry["cpu_set"] = node.cpu_set
-        if node.threads != 1:
-            entry["threads"] = node.threads
-        nodes.append(entry)
+    nodes = [
+        _node_entry(node) for node in Node.objects.select_related("package").order_by("node_id")
+    ]
     pool: dict[str, Any] = {
         "nodes": nodes,
         "health_check_interval_ms": int(round(policy.health_interval_s * 1000)),
         "failover_strategy": str(policy.failover_strategy),
     }
+    routing = {name: _plain_value(getattr(policy, name)) for name in routing_fields()}
     inference: dict[str, Any] = {}
-    model_path = config.model_path or next(
-        (n.package.gguf_path for n in Node.objects.select_related("package") if n.package), ""
-    )
-    if model_path:
-        inference["model_path"] = model_path
+    if config.model_path:
+        inference["model_path"] = config.model_path
     if config.ai_modules:
         inference["ai_module"] = config.ai_modules
     if config.context_window:
         inference["context_window"] = config.context_window
     if config.max_batch:
         inference["max_batch"] = config.max_batch
-    document: dict[str, Any] = {"server": server, "pool": pool}
+    document: dict[str, Any] = {"server": server, "pool": pool, "routing": routing}
     if inference:
         document["inference"] = inference
     return document
+
+
+def _node_entry(node: Node) -> _Flow:
+    entry = _Flow(
+        id=node.node_id,
+        address=node.address,
+        weight=_num(node.weight),
+        affinity=node.affinity,
+        cpu_set=node.cpu_set,
+        threads=node.threads,
+        max_sessions=node.max_sessions,
+        kv_budget_tokens=node.kv_budget_tokens,
+    )
+    if node.package:
+        entry["package"] = node.package.key
+    return entry
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, dict):
+        return {str(k): _plain_value(v) for k, v in value.items()}
+    return str(value) if hasattr(value, "value") else value
 
 
 def export_config() -> str:

@@ -392,6 +392,9 @@ def config(request: HttpRequest) -> HttpResponse:
                 )
             except (ConfigError, ConsoleError) as exc:
                 error = exc
+            else:
+                # the next Apply must not silently be another dry run: keep the text, untick it
+                form = ConfigForm(initial={"text": form.cleaned_data["text"], "dry_run": False})
     return _render(
         request,
         "console/config.html",

@@ -364,3 +364,24 @@ def test_no_page_loads_anything_from_outside_loopback(page_as, array, healthy_no
     header = page.locator("#header")
     assert header.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
     assert outside == []
+
+
+def test_a_config_dry_run_shows_each_change_and_does_not_stick(page_as, array, healthy_node):
+    page = page_as("admin")
+    page.goto(f"{array.url}/config/")
+    current = page.locator("#config-current").inner_text()
+    changed = current.replace("max_attempts: 3", "max_attempts: 5")
+    assert changed != current
+    page.fill("#id_text", changed)
+    page.check("#id_dry_run")
+    page.click("#config-form button")
+    playwright_sync.expect(page.locator("#config-report")).to_contain_text("Dry run")
+    playwright_sync.expect(page.locator("#config-changes")).to_contain_text(
+        "routing.max_attempts: 3 \u2192 5"
+    )
+    playwright_sync.expect(page.locator("#id_dry_run")).not_to_be_checked()
+    assert array.api("GET", "/routing/policy").json()["max_attempts"] == 3
+    page.click("#config-form button")  # the operator's next Apply applies
+    playwright_sync.expect(page.locator("#config-report")).to_contain_text("Applied")
+    assert array.api("GET", "/routing/policy").json()["max_attempts"] == 5
+    array.api("PUT", "/routing/policy", json={"max_attempts": 3})

@@ -58,9 +58,100 @@ def test_it_is_idempotent():
 
 def test_it_round_trips():
     apply_config_text(ISSUE_EXAMPLE)
-    exported = export_config()
-    assert yaml.safe_load(exported) == yaml.safe_load(ISSUE_EXAMPLE)
-    assert not apply_config_text(exported).changed
+    exported = yaml.safe_load(export_config())
+    example = yaml.safe_load(ISSUE_EXAMPLE)
+    assert exported["server"] == example["server"]
+    assert exported["inference"] == example["inference"]
+    for written, node in zip(exported["pool"]["nodes"], example["pool"]["nodes"], strict=True):
+        assert written | node == written  # every key of the example, same value
+    assert not apply_config_text(export_config()).changed
+
+
+NON_DEFAULT_POLICY = {
+    "session_header": "X-Agent-Session",
+    "health_interval_s": 2.5,
+    "failover_strategy": "stick_and_rebalance",
+    "model_aliases": {"gpt-4o-mini": "smollm2-test"},
+    "default_model": "smollm2-test",
+    "failure_threshold": 4,
+    "probe_timeout_s": 1.5,
+    "connect_timeout_s": 1.5,
+    "request_timeout_s": 90.0,
+    "first_byte_floor_s": 4.0,
+    "first_byte_margin": 2.5,
+    "max_attempts": 2,
+    "retry_backoff_ms": 80,
+    "recovery_threshold": 3,
+    "session_idle_release_s": 600.0,
+    "overload_threshold": 2.0,
+    "rebalance_target": 0.25,
+    "move_cooldown_s": 60.0,
+    "canary_idle_s": 30.0,
+    "canary_timeout_s": 5.0,
+    "max_inflight_per_node": 32,
+    "max_inflight": 256,
+}
+
+
+def test_it_is_a_backup_of_every_policy_field_and_node_setting():
+    from inference.models import ModelPackage
+
+    package = ModelPackage.objects.create(
+        name="smollm2-test", version="7", gguf_path="/x.gguf", sha256="0" * 64
+    )
+    editable = {f.name for f in RoutingPolicy._meta.concrete_fields} - {"id", "updated_at"}
+    assert set(NON_DEFAULT_POLICY) == editable, "a new policy field needs a value here"
+    RoutingPolicy.objects.filter(pk=RoutingPolicy.load().pk).update(**NON_DEFAULT_POLICY)
+    Node.objects.create(
+        node_id="node-05",
+        address="127.0.0.5:8005",
+        package=package,
+        weight=2.5,
+        affinity=False,
+        cpu_set="0-1",
+        threads=2,
+        max_sessions=40,
+        kv_budget_tokens=50000,
+    )
+    backup = export_config()
+    assert not apply_config_text(backup, dry_run=True).changes  # unchanged: nothing to report
+    RoutingPolicy.objects.all().delete()
+    Node.objects.all().delete()
+    report = apply_config_text(backup)
+    assert report.created == ["node-05"]
+    policy = RoutingPolicy.load()
+    for name, value in NON_DEFAULT_POLICY.items():
+        assert getattr(policy, name) == value, name
+    node = Node.objects.get(node_id="node-05")
+    assert (node.package_id, node.weight, node.affinity, node.cpu_set, node.threads) == (
+        package.pk,
+        2.5,
+        False,
+        "0-1",
+        2,
+    )
+    assert (node.max_sessions, node.kv_budget_tokens) == (40, 50000)
+    assert export_config() == backup
+
+
+def test_a_dry_run_shows_each_change_before_and_after():
+    apply_config_text(ISSUE_EXAMPLE)
+    changed = ISSUE_EXAMPLE.replace(
+        "weight: 10, affinity: true}\n    - {id: node-02",
+        "weight: 4, affinity: true}\n    - {id: node-02",
+    )
+    changed += "routing: {max_attempts: 5, default_model: other}\n"
+    report = apply_config_text(changed, dry_run=True)
+    assert "node-01.weight: 10 \u2192 4" in report.changes
+    assert "routing.max_attempts: 3 \u2192 5" in report.changes
+    assert "routing.default_model: (none) \u2192 other" in report.changes
+    assert Node.objects.get(node_id="node-01").weight == 10  # a dry run writes nothing
+
+
+def test_a_policy_value_out_of_bounds_names_its_line():
+    with pytest.raises(ConfigError) as info:
+        apply_config_text("routing:\n  max_attempts: 2\n  canary_timeout_s: 100000\n")
+    assert info.value.field == "routing.canary_timeout_s" and info.value.line == 3
 
 
 def test_it_updates_and_prunes():
@@ -148,7 +239,13 @@ def test_it_applies_and_exports_with_management_commands(tmp_path):
     assert "nothing to change" in out.getvalue()
     exported = tmp_path / "out.yaml"
     call_command("exportconfig", "-o", str(exported))
-    assert yaml.safe_load(exported.read_text()) == yaml.safe_load(ISSUE_EXAMPLE)
+    assert (
+        yaml.safe_load(exported.read_text())["inference"]
+        == yaml.safe_load(ISSUE_EXAMPLE)["inference"]
+    )
+    out = StringIO()
+    call_command("applyconfig", str(exported), stdout=out)
+    assert "nothing to change" in out.getvalue()
     path.write_text("pool: {nodes: [{id: x, address: bad}]}\n")
     with pytest.raises(CommandError, match=r"line 1, pool.nodes\[0\].address"):
         call_command("applyconfig", str(path))

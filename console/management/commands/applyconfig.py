@@ -38,6 +38,8 @@ class Command(BaseCommand):
                 )
         if report.settings_changed:
             self.stdout.write(f"{prefix}changed settings: {', '.join(report.settings_changed)}")
+        for change in report.changes:
+            self.stdout.write(f"  {change}")
         for warning in report.warnings:
             self.stderr.write(f"warning: {warning}")
         if not report.changed:
