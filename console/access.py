@@ -26,6 +26,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, JsonResponse
 from ninja.security import HttpBearer, SessionAuth
 
+from console.audit import acting_as, set_actor
 from console.errors import Forbidden
 from console.models import Role, TokenRole
 from inference import services as inference_services
@@ -140,6 +141,8 @@ class UserAuth(SessionAuth):
 
 
 def _with_role(principal: Principal | None, needed: Role | None) -> Principal | None:
+    if principal is not None:
+        set_actor(principal.name)  # the API operation runs in this request's context
     if principal is None or needed is None:
         return principal
     return require(principal, needed)
@@ -202,7 +205,8 @@ def role_required(needed: Role) -> Callable:
             if principal is None or not principal.can(needed):
                 raise PermissionDenied(f"This needs the {needed.value} role.")
             request.principal = principal  # type: ignore[attr-defined]
-            return view(request, *args, **kwargs)
+            with acting_as(principal.name):
+                return view(request, *args, **kwargs)
 
         return wrapper
 

@@ -3,15 +3,17 @@ utilization history (``/api/utilization``)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
-from console import utilization
+from console import selectors, utilization
 from console.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.config_file import ApplyReport, ConfigError, apply_config_text, export_config
+from console.errors import Invalid
 from inference.chat_request import decode_json
 from inference.errors import BadRequest
 
@@ -119,3 +121,25 @@ def config_apply(request: HttpRequest, prune: bool = False, dry_run: bool = Fals
 )
 def utilization_history(request: HttpRequest) -> dict[str, Any]:
     return {"snapshots": async_to_sync(utilization.history)()}
+
+
+class AuditOut(Schema):
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    changes: list[str]
+
+
+@router.get(
+    "/audit",
+    response=list[AuditOut],
+    tags=["audit"],
+    summary="Who changed what, when (newest first)",
+    auth=NEEDS_VIEWER,
+)
+def audit_list(request: HttpRequest, limit: int = 100, action: str | None = None) -> list[Any]:
+    """``limit`` 1 to 1000; ``action`` a prefix such as ``node.`` or ``policy.update``."""
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit: must be 1 to 1000.", field="limit")
+    return selectors.audit_entries(limit=limit, action=action)

@@ -39,6 +39,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from console.audit import audit_record
 from console.live import live_node_changed, live_node_removed
 from console.models import ArrayConfig
 from inference.models import ModelPackage, RoutingPolicy
@@ -537,7 +538,14 @@ def apply_config(spec: ArraySpec, *, prune: bool = False, dry_run: bool = False)
                     if not dry_run:
                         node.delete()
                         live_node_removed(node_id=node.node_id)
+        if report.changed and not dry_run:
+            audit_record(action="config.apply", target="config file", changes=_audit_lines(report))
     return report
+
+
+def _audit_lines(report: ApplyReport) -> list[str]:
+    lines = [f"created: {n}" for n in report.created] + [f"removed: {n}" for n in report.removed]
+    return lines + report.changes
 
 
 def apply_config_text(text: str, *, prune: bool = False, dry_run: bool = False) -> ApplyReport:

@@ -70,3 +70,20 @@ class UtilizationSample(models.Model):
 
     class Meta:
         ordering = ["taken_at"]
+
+
+class AuditEntry(models.Model):
+    """One change an operator (or a command) made: who, when, what, and each field's before
+    and after (``console.audit``)."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=64, db_index=True)
+    target = models.CharField(max_length=255, blank=True, default="")
+    changes = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

@@ -39,4 +39,5 @@ urlpatterns = [
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
     path("config/", views.config, name="config"),
     path("config/phalanx.yaml", views.config_download, name="config_download"),
+    path("audit/", views.audit, name="audit"),
 ]

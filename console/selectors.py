@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import Count, Q
 
-from console.models import ArrayConfig
+from console.models import ArrayConfig, AuditEntry
 from inference.gguf_meta import read_gguf_info
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
 from nodes.models import Node, NodeEvent
@@ -183,3 +183,12 @@ def tokens() -> list[ApiToken]:
 
 def policy() -> RoutingPolicy:
     return RoutingPolicy.load()
+
+
+def audit_entries(*, limit: int = 200, action: str | None = None) -> list[AuditEntry]:
+    """The newest audit entries (at most ``limit``), optionally of one ``action`` prefix
+    (``"node."``)."""
+    entries = AuditEntry.objects.all()
+    if action:
+        entries = entries.filter(action__startswith=action)
+    return list(entries[:limit])

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import ProtectedError
 
+from console.audit import audit_record, diff
 from console.errors import Conflict, Invalid, NotFound
 from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
@@ -89,7 +90,12 @@ def node_create(
         affinity=affinity,
     )
     live_node_changed(node_id=node_id, event=node.events.first())
+    audit_record(action="node.create", target=node_id, changes=diff({}, _node_settings(node)))
     return node
+
+
+def _node_settings(node: Node) -> dict[str, Any]:
+    return {f: getattr(node, f) for f in NODE_FIELDS}
 
 
 @transaction.atomic
@@ -115,7 +121,13 @@ def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
         affinity=draft.affinity,
     )
     live_node_changed(node_id=node_id)
-    return _node(node_id)
+    after = _node(node_id)
+    audit_record(
+        action="node.update",
+        target=node_id,
+        changes=diff(_node_settings(node), _node_settings(after)),
+    )
+    return after
 
 
 @transaction.atomic
@@ -125,6 +137,7 @@ def node_remove(*, node_id: str) -> None:
     node = _node(node_id)
     node.delete()
     live_node_removed(node_id=node_id)
+    audit_record(action="node.remove", target=node_id)
 
 
 def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
@@ -132,7 +145,10 @@ def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
     the event, or None when it already was so. Raises ``NotFound``."""
     _node(node_id)
     service = node_services.node_drain if drained else node_services.node_undrain
-    return service(node_id=node_id)  # the node service sends the live event
+    event = service(node_id=node_id)  # the node service sends the live event
+    if event is not None:
+        audit_record(action="node.drain" if drained else "node.undrain", target=node_id)
+    return event
 
 
 # --- tokens ---------------------------------------------------------------------------------
@@ -149,6 +165,7 @@ def token_issue(*, name: str, role: Role, created_by_id: int | None = None) -> t
         raise Invalid("name: at most 100 characters.", field="name")
     token, plaintext = inference_services.token_create(name=name, created_by_id=created_by_id)
     TokenRole.objects.create(token=token, role=role)
+    audit_record(action="token.create", target=f"token:{name}", changes=[f"role: {role.value}"])
     return token, plaintext
 
 
@@ -159,6 +176,7 @@ def token_withdraw(*, token_id: int) -> ApiToken:
         raise NotFound(f"No token {token_id}.", code="token_not_found")
     inference_services.token_revoke(token_id=token_id)
     token.refresh_from_db()
+    audit_record(action="token.revoke", target=f"token:{token.name}")
     return token
 
 
@@ -185,7 +203,7 @@ def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[M
         raise invalid_from(exc) from exc
     info = read_gguf_info(path)
     try:
-        return inference_services.package_register(
+        package, created = inference_services.package_register(
             name=name,
             version=version,
             gguf_path=str(path),
@@ -195,6 +213,11 @@ def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[M
             context_window=info.context_window,
             chat_template=info.chat_template,
         )
+        if created:
+            audit_record(
+                action="package.register", target=package.key, changes=[f"gguf_path: {gguf_path}"]
+            )
+        return package, created
     except inference_services.PackageConflict as exc:
         raise Conflict(str(exc), code="package_conflict", field="version") from exc
 
@@ -210,3 +233,4 @@ def package_remove(*, package_id: int) -> None:
         raise Conflict(
             f"{package.key} is served by nodes; move them first.", code="package_in_use"
         ) from exc
+    audit_record(action="package.remove", target=package.key)

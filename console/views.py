@@ -36,6 +36,7 @@ NAV = [
     ("playground", "Playground"),
     ("tokens", "Tokens"),
     ("config", "Config"),
+    ("audit", "Audit"),
 ]
 
 
@@ -406,6 +407,14 @@ def config(request: HttpRequest) -> HttpResponse:
             "current": export_config(),
         },
         status=422 if error else 200,
+    )
+
+
+@role_required(Role.VIEWER)
+def audit(request: HttpRequest) -> HttpResponse:
+    """Every change: who, when, what, before and after (newest first)."""
+    return _render(
+        request, "console/audit.html", {"page": "audit", "entries": selectors.audit_entries()}
     )
 
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from console.read_only_admin import ReadOnlyAdmin
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
 
 
 @admin.register(ModelPackage)
-class ModelPackageAdmin(admin.ModelAdmin):
+class ModelPackageAdmin(ReadOnlyAdmin):
     list_display = (
         "name",
         "version",
@@ -26,7 +27,7 @@ class ModelPackageAdmin(admin.ModelAdmin):
 
 
 @admin.register(RoutingPolicy)
-class RoutingPolicyAdmin(admin.ModelAdmin):
+class RoutingPolicyAdmin(ReadOnlyAdmin):
     list_display = (
         "session_header",
         "health_interval_s",
@@ -34,9 +35,6 @@ class RoutingPolicyAdmin(admin.ModelAdmin):
         "failover_strategy",
         "request_timeout_s",
     )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return not RoutingPolicy.objects.exists()
 
     def has_delete_permission(self, request: HttpRequest, obj: RoutingPolicy | None = None) -> bool:
         return False
@@ -51,7 +49,7 @@ class RouteDecisionInline(admin.TabularInline):
 
 
 @admin.register(SessionRoute)
-class SessionRouteAdmin(admin.ModelAdmin):
+class SessionRouteAdmin(ReadOnlyAdmin):
     list_display = ("session_id", "node", "package", "turns", "moves", "last_seen_at", "created_at")
     list_filter = ("node", "package")
     search_fields = ("session_id",)
@@ -60,7 +58,7 @@ class SessionRouteAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(ReadOnlyAdmin):
     list_display = ("name", "prefix", "created_by", "created_at", "last_used_at", "revoked")
     list_filter = ("revoked",)
     readonly_fields = ("token_hash", "prefix", "created_by", "created_at", "last_used_at")

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.audit import audit_record, diff
 from console.compiled_sql import CompiledQuery, as_datetime
 from inference.errors import ArrayFull, AuthError, NoHealthyNode, UnknownModel
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
@@ -494,6 +495,11 @@ def route_release_erasing(*, session_id: str) -> tuple[bool, bool]:
     """``route_release`` by the operator, then erase the session's KV on the node it left
     (best effort); returns ``(released, kv_erased)``. Raises ``SessionRoute.DoesNotExist``."""
     node = route_release(session_id=session_id)
+    audit_record(
+        action="session.release",
+        target=session_id,
+        changes=[f"node: {node.node_id if node else '(none)'} \u2192 (none)"],
+    )
     if node is None:
         return False, False
     erased = node_client.session_erase_sync(
@@ -527,10 +533,14 @@ def policy_update(*, changes: Mapping[str, Any]) -> RoutingPolicy:
     unknown = sorted(set(changes) - editable)
     if unknown:
         raise ValueError(f"unknown policy field(s): {', '.join(unknown)}")
+    before = {name: getattr(policy, name) for name in changes}
     for name, value in changes.items():
         setattr(policy, name, value)
     policy.full_clean()
     policy.save()
+    changed = diff(before, {name: getattr(policy, name) for name in changes})
+    if changed:
+        audit_record(action="policy.update", target="routing policy", changes=changed)
     return policy
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from console.read_only_admin import ReadOnlyAdmin
 from nodes.models import Node, NodeEvent
 
 
@@ -15,7 +16,7 @@ class NodeEventInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin):
     list_display = (
         "node_id",
         "address",
@@ -45,7 +46,7 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(NodeEvent)
-class NodeEventAdmin(admin.ModelAdmin):
+class NodeEventAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "node", "kind", "message")
     list_filter = ("kind", "node")
     readonly_fields = ("node", "kind", "message", "created_at")

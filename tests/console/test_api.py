@@ -388,3 +388,31 @@ def test_it_keeps_the_policy_within_bounds(tokens, raw, status, field):
 
     policy = RoutingPolicy.load()
     assert policy.health_interval_s == 5.0 and policy.session_header == "X-Session-Id"
+
+
+def test_every_change_leaves_a_record_of_who_and_what(api, node, tokens):
+    assert api("operator", "post", "/nodes/node-01/drain").status_code == 200
+    assert api("operator", "put", "/routing/policy", {"max_attempts": 4}).status_code == 200
+    assert api("admin", "patch", "/nodes/node-01", {"weight": 3}).status_code == 200
+    entries = api("viewer", "get", "/audit").json()
+    seen = [(e["actor"], e["action"], e["target"]) for e in entries]
+    assert ("token:t-operator", "node.drain", "node-01") in seen
+    assert ("token:t-admin", "node.update", "node-01") in seen
+    policy = next(e for e in entries if e["action"] == "policy.update")
+    assert policy["actor"] == "token:t-operator" and policy["changes"] == [
+        "max_attempts: 3 \u2192 4"
+    ]
+    update = next(e for e in entries if e["action"] == "node.update")
+    assert "weight: 1.0 \u2192 3.0" in update["changes"]
+    assert api("viewer", "get", "/audit?action=policy.").json()[0]["action"] == "policy.update"
+
+
+def test_the_django_admin_shows_but_does_not_change(node):
+    from django.contrib.auth import get_user_model
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", password="x"))
+    page = client.get(f"/admin/nodes/node/{node.pk}/change/")
+    assert page.status_code == 200 and b'name="_save"' not in page.content
+    assert client.post(f"/admin/nodes/node/{node.pk}/change/", {"weight": 9}).status_code == 403
+    assert client.get("/admin/nodes/node/add/").status_code == 403

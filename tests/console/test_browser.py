@@ -385,3 +385,19 @@ def test_a_config_dry_run_shows_each_change_and_does_not_stick(page_as, array, h
     playwright_sync.expect(page.locator("#config-report")).to_contain_text("Applied")
     assert array.api("GET", "/routing/policy").json()["max_attempts"] == 5
     array.api("PUT", "/routing/policy", json={"max_attempts": 3})
+
+
+def test_the_audit_page_shows_who_changed_what(page_as, array, healthy_node):
+    page = page_as("operator")
+    page.goto(f"{array.url}/nodes/{healthy_node}/")
+    page.click("button[data-action=drain]")
+    playwright_sync.expect(page.locator(".title-row [data-field=state]")).to_have_text("draining")
+    page.click("button[data-action=undrain]")
+    page.goto(f"{array.url}/audit/")
+    row = page.locator("#audit tbody tr", has_text="node.drain").first
+    playwright_sync.expect(row).to_contain_text("operator")
+    playwright_sync.expect(row).to_contain_text(healthy_node)
+    playwright_sync.expect(
+        page.locator("#audit tbody tr", has_text="node.undrain").first
+    ).to_be_visible()
+    shot(page, "audit")

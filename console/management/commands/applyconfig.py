@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import getpass
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from console.audit import set_actor
 from console.config_file import ConfigError, apply_config_text
 from console.errors import ConsoleError
 
@@ -20,6 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="only show what would change")
 
     def handle(self, *args, **options) -> None:
+        set_actor(f"cli:{getpass.getuser()}")  # the audit log says who applied it
         path = options["file"]
         try:
             text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
