@@ -203,6 +203,7 @@ def test_it_moves_a_session_when_its_node_is_killed(array) -> None:
 
 def test_up_restarts_a_node_agent_that_exits(array) -> None:
     url = array["nodes"][1]
+    wait_healthy(url, array["proc"])  # the test before may have killed it: it comes back
     pid = httpx.get(f"{url}/health").json()["pid"]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 90
