@@ -134,28 +134,19 @@ BROKE_LAST_TURN = "broke the session's last turn"
 
 
 async def _route_avoiding(
-    *,
-    session_id: str | None,
-    model: str,
-    exclude: dict[str, str],
-    new_turn: bool,
-    policy: RoutingPolicy,
+    *, exclude: dict[str, str], **route: Any
 ) -> tuple[services.RouteTarget, Any]:
-    """``_route``; a node kept out only because it broke the session's last turn is taken
-    back when no other node can serve (a one-node array still answers)."""
+    """``_route`` (same arguments); a node kept out only because it broke the session's last
+    turn is taken back when no other node can serve (a one-node array still answers)."""
     try:
-        return await _route(
-            session_id=session_id, model=model, exclude=exclude, new_turn=new_turn, policy=policy
-        )
+        return await _route(exclude=exclude, **route)
     except (NoHealthyNode, ArrayFull):
         avoided = [n for n, why in exclude.items() if why == BROKE_LAST_TURN]
         if not avoided:
             raise
         for node_id in avoided:
             del exclude[node_id]
-        return await _route(
-            session_id=session_id, model=model, exclude=exclude, new_turn=new_turn, policy=policy
-        )
+        return await _route(exclude=exclude, **route)
 
 
 @db_thread
