@@ -367,14 +367,7 @@ async def _attempt(
     except BaseException as exc:
         inflight.release(target.node_id)
         route_writer.commit(held)
-        if isinstance(exc, httpx.LocalProtocolError):  # we could not even send it: not the node
-            raise BadRequest(f"The request cannot be sent to a node: {exc}") from exc
-        if not isinstance(exc, httpx.TransportError | NodeWentDown | FirstByteLate):
-            raise  # the client went away (cancelled)
-        log.warning("request to %s failed before its first byte: %s", target.node_id, exc)
-        await _exclude(target.node_id, _describe(exc), exclude, policy, failed=True)
-        if _reached_node(exc):
-            await _stop_if_failed_twice(target.node_id, payload, _describe(exc))
+        await _failed_before_first_byte(exc, target.node_id, payload, policy, exclude)
         return None
     if rest is None:  # 5xx or 429
         inflight.release(target.node_id)
@@ -396,6 +389,26 @@ async def _attempt(
         payload,
         session_id,
     )
+
+
+async def _failed_before_first_byte(
+    exc: BaseException,
+    node_id: str,
+    payload: dict[str, Any],
+    policy: RoutingPolicy,
+    exclude: dict[str, str],
+) -> None:
+    """Judge a failure before the first byte: the node is excluded and its failure counted
+    (the caller tries another), unless the request could not even be sent (``BadRequest``) or
+    the client went away (re-raised)."""
+    if isinstance(exc, httpx.LocalProtocolError):  # we could not even send it: not the node
+        raise BadRequest(f"The request cannot be sent to a node: {exc}") from exc
+    if not isinstance(exc, httpx.TransportError | NodeWentDown | FirstByteLate):
+        raise exc  # the client went away (cancelled)
+    log.warning("request to %s failed before its first byte: %s", node_id, exc)
+    await _exclude(node_id, _describe(exc), exclude, policy, failed=True)
+    if _reached_node(exc):
+        await _stop_if_failed_twice(node_id, payload, _describe(exc))
 
 
 def _reached_node(exc: BaseException) -> bool:

@@ -1,0 +1,259 @@
+"""Parsing a config file: YAML to an ``ArraySpec``, every error naming its line and field."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from console.config_file.spec import (
+    _ADDRESS,
+    _CPU_SET,
+    _HEADER,
+    _NODE_ID,
+    MAX_BYTES,
+    ArraySpec,
+    ConfigError,
+    NodeSpec,
+    routing_fields,
+)
+from inference.models import RoutingPolicy
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _mapping(node: yaml.Node, path: str, keys: set[str]) -> dict[str, yaml.Node]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError("must be a mapping (key: value).", line=_line(node), field=path or None)
+    out: dict[str, yaml.Node] = {}
+    for key_node, value_node in node.value:
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        where = f"{path}.{key}" if path else str(key)
+        if key not in keys:
+            allowed = ", ".join(sorted(keys))
+            raise ConfigError(
+                f"unknown key; expected one of {allowed}.", line=_line(key_node), field=where
+            )
+        if key in out:
+            raise ConfigError("appears twice.", line=_line(key_node), field=where)
+        out[key] = value_node
+    return out
+
+
+def _scalar(node: yaml.Node, path: str) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        raise ConfigError("must be a single value.", line=_line(node), field=path)
+    return _construct(node)
+
+
+def _construct(node: yaml.ScalarNode) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _string(
+    node: yaml.Node, path: str, pattern: re.Pattern[str] | None = None, hint: str = ""
+) -> str:
+    value = _scalar(node, path)
+    if isinstance(value, bool) or value is None or isinstance(value, list | dict):
+        raise ConfigError("must be text.", line=_line(node), field=path)
+    text = str(value)
+    if pattern is not None and not pattern.match(text):
+        raise ConfigError(hint or "has the wrong shape.", line=_line(node), field=path)
+    return text
+
+
+def _int(node: yaml.Node, path: str, minimum: int) -> int:
+    value = _scalar(node, path)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"must be a whole number >= {minimum}.", line=_line(node), field=path)
+    return value
+
+
+def _number(node: yaml.Node, path: str, minimum: float) -> float:
+    value = _scalar(node, path)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise ConfigError(f"must be a number >= {minimum:g}.", line=_line(node), field=path)
+    return float(value)
+
+
+def _bool(node: yaml.Node, path: str) -> bool:
+    value = _scalar(node, path)
+    if not isinstance(value, bool):
+        raise ConfigError("must be true or false.", line=_line(node), field=path)
+    return value
+
+
+def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
+    keys = _mapping(
+        node,
+        path,
+        {
+            "id",
+            "address",
+            "weight",
+            "affinity",
+            "cpu_set",
+            "threads",
+            "package",
+            "max_sessions",
+            "kv_budget_tokens",
+        },
+    )
+    for required in ("id", "address"):
+        if required not in keys:
+            raise ConfigError(
+                f"'{required}' is required.", line=_line(node), field=f"{path}.{required}"
+            )
+    return NodeSpec(
+        node_id=_string(
+            keys["id"], f"{path}.id", _NODE_ID, "must be letters, digits, '-' or '_' (at most 64)."
+        ),
+        address=_string(
+            keys["address"],
+            f"{path}.address",
+            _ADDRESS,
+            "must be host:port, for example 127.0.0.1:9401.",
+        ),
+        weight=_number(keys["weight"], f"{path}.weight", 0) if "weight" in keys else None,
+        affinity=_bool(keys["affinity"], f"{path}.affinity") if "affinity" in keys else None,
+        cpu_set=_string(
+            keys["cpu_set"],
+            f"{path}.cpu_set",
+            _CPU_SET,
+            "must be a CPU list such as 0, 0-3 or 0,2.",
+        )
+        if "cpu_set" in keys
+        else None,
+        threads=_int(keys["threads"], f"{path}.threads", 1) if "threads" in keys else None,
+        package=_string(keys["package"], f"{path}.package") if "package" in keys else None,
+        max_sessions=_int(keys["max_sessions"], f"{path}.max_sessions", 0)
+        if "max_sessions" in keys
+        else None,
+        kv_budget_tokens=_int(keys["kv_budget_tokens"], f"{path}.kv_budget_tokens", 0)
+        if "kv_budget_tokens" in keys
+        else None,
+    )
+
+
+def _nodes(node: yaml.Node, path: str) -> list[NodeSpec]:
+    if isinstance(node, yaml.ScalarNode) and node.value in ("", "~", "null"):
+        return []
+    if not isinstance(node, yaml.SequenceNode):
+        raise ConfigError("must be a list of nodes.", line=_line(node), field=path)
+    specs: list[NodeSpec] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(node.value):
+        spec = _node_spec(item, f"{path}[{i}]")
+        if spec.node_id in seen:
+            raise ConfigError(
+                f"node id {spec.node_id!r} is also at line {seen[spec.node_id]}.",
+                line=_line(item),
+                field=f"{path}[{i}].id",
+            )
+        seen[spec.node_id] = _line(item)
+        specs.append(spec)
+    return specs
+
+
+def _routing(node: yaml.Node) -> dict[str, tuple[Any, int]]:
+    """The ``routing`` section: policy fields as written (the model checks them on apply)."""
+    keys = _mapping(node, "routing", set(routing_fields()))
+    out: dict[str, tuple[Any, int]] = {}
+    for name, value_node in keys.items():
+        if name == "model_aliases":
+            value = _plain(value_node, f"routing.{name}")
+        else:
+            value = _scalar(value_node, f"routing.{name}")
+        out[name] = (value, _line(value_node))
+    return out
+
+
+def _plain(node: yaml.Node, path: str) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid here: {exc}", line=_line(node), field=path) from exc
+    finally:
+        loader.dispose()
+
+
+def parse_config(text: str) -> ArraySpec:
+    """Parse and check a config file's text. Raises ``ConfigError`` naming line and field."""
+    if len(text.encode()) > MAX_BYTES:
+        raise ConfigError(f"the file is larger than {MAX_BYTES} bytes.")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise ConfigError(
+            f"not valid YAML: {exc.problem or exc}", line=mark.line + 1 if mark else None
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError("the YAML nests too deeply.") from exc
+    if root is None:
+        return ArraySpec()
+    top = _mapping(root, "", {"server", "pool", "routing", "inference"})
+    values: dict[str, Any] = {}
+    if "server" in top:
+        server = _mapping(top["server"], "server", {"listen", "routing_key_header"})
+        if "listen" in server:
+            values["listen"] = _string(
+                server["listen"],
+                "server.listen",
+                _ADDRESS,
+                "must be host:port, for example 127.0.0.1:9391.",
+            )
+        if "routing_key_header" in server:
+            values["routing_key_header"] = _string(
+                server["routing_key_header"],
+                "server.routing_key_header",
+                _HEADER,
+                "must be an HTTP header name such as X-Session-Id.",
+            )
+    if "pool" in top:
+        pool = _mapping(
+            top["pool"], "pool", {"nodes", "health_check_interval_ms", "failover_strategy"}
+        )
+        if "nodes" in pool:
+            values["nodes"] = _nodes(pool["nodes"], "pool.nodes")
+        if "health_check_interval_ms" in pool:
+            values["health_check_interval_ms"] = _int(
+                pool["health_check_interval_ms"], "pool.health_check_interval_ms", 100
+            )
+        if "failover_strategy" in pool:
+            choices = [c.value for c in RoutingPolicy.FailoverStrategy]
+            value = _string(pool["failover_strategy"], "pool.failover_strategy")
+            if value not in choices:
+                raise ConfigError(
+                    f"must be one of {', '.join(choices)}.",
+                    line=_line(pool["failover_strategy"]),
+                    field="pool.failover_strategy",
+                )
+            values["failover_strategy"] = value
+    if "routing" in top:
+        values["routing"] = _routing(top["routing"])
+    if "inference" in top:
+        inf = _mapping(
+            top["inference"],
+            "inference",
+            {"model_path", "ai_module", "context_window", "max_batch"},
+        )
+        if "model_path" in inf:
+            values["model_path"] = _string(inf["model_path"], "inference.model_path")
+        if "ai_module" in inf:
+            values["ai_module"] = _string(inf["ai_module"], "inference.ai_module")
+        if "context_window" in inf:
+            values["context_window"] = _int(inf["context_window"], "inference.context_window", 1)
+        if "max_batch" in inf:
+            values["max_batch"] = _int(inf["max_batch"], "inference.max_batch", 1)
+    return ArraySpec(**values)
