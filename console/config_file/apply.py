@@ -123,6 +123,10 @@ def _node_package(spec: NodeSpec, package: ModelPackage | None) -> ModelPackage 
 
 def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyReport) -> None:
     node = Node.objects.filter(node_id=spec.node_id).first()
+    if node is None and spec.address is None:
+        raise ConfigError(
+            "is required for a new node.", line=spec.line, field=f"{spec.where}.address"
+        )
     package = _node_package(spec, package)
     given = {
         "address": spec.address,

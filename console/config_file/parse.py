@@ -106,7 +106,7 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
             "kv_budget_tokens",
         },
     )
-    for required in ("id", "address"):
+    for required in ("id",):  # an existing node's address may be left as it is
         if required not in keys:
             raise ConfigError(
                 f"'{required}' is required.", line=_line(node), field=f"{path}.{required}"
@@ -120,7 +120,11 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
             f"{path}.address",
             _ADDRESS,
             "must be host:port, for example 127.0.0.1:9401.",
-        ),
+        )
+        if "address" in keys
+        else None,
+        where=path,
+        line=_line(node),
         weight=_number(keys["weight"], f"{path}.weight", 0) if "weight" in keys else None,
         affinity=_bool(keys["affinity"], f"{path}.affinity") if "affinity" in keys else None,
         cpu_set=_string(

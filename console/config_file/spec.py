@@ -27,7 +27,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class NodeSpec:
     node_id: str
-    address: str
+    address: str | None  # None: keep the node's (required for a new node)
     weight: float | None = None
     affinity: bool | None = None
     cpu_set: str | None = None
@@ -35,6 +35,8 @@ class NodeSpec:
     package: str | None = None  # "name:version"; else inference.model_path's, else unchanged
     max_sessions: int | None = None
     kv_budget_tokens: int | None = None
+    where: str = ""  # "pool.nodes[2]", for errors found on apply
+    line: int | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
   const CHARTS = [
     {id: "cpu", title: "CPU % (node process)", series: [["cpu", ""]]},
     {id: "mem", title: "Memory RSS (MiB)", series: [["rss", "", MIB]]},
-    {id: "tps", title: "Tokens/s", series: [["prefill_tps", " prefill"], ["decode_tps", " decode"]]},
+    {id: "tps", title: "Tokens/s (whole node, 10 s average)", series: [["prefill_tps", " prefill"], ["decode_tps", " decode"]]},
     {id: "seq", title: "Sequences", series: [["active", " active"], ["idle", " idle"], ["host", " host RAM"]]},
     {id: "kv", title: "KV cache use %", series: [["kv_pct", ""]]},
     {id: "queue", title: "Queue depth", series: [["queue", ""]]},

@@ -31,6 +31,7 @@
         if (t.prompt_tokens != null) bits.push(`prompt ${t.prompt_tokens} (cached ${t.cached_tokens || 0})`);
         if (u.completion_tokens != null) bits.push(`${u.completion_tokens} tokens`);
         if (t.total_ms != null) bits.push(`total ${Number(t.total_ms).toFixed(0)} ms`);
+        if (msg.finish_reason === "length") bits.push("cut off at max tokens");
         const meta = current.querySelector(".meta");
         meta.textContent = bits.join(" · "); meta.dataset.node = msg.node; meta.classList.add("done");
         current = null; $("send").disabled = false; setStatus("ready");

@@ -210,7 +210,7 @@ def test_it_uses_a_package_with_the_model_path(db):
 )
 def test_it_names_line_and_field_of_each_error(text, line, field):
     with pytest.raises(ConfigError) as caught:
-        parse_config(text)
+        apply_config_text(text)  # parse errors, and those only an apply can see (a new node)
     assert (caught.value.line, caught.value.field) == (line, field)
     assert str(caught.value).startswith(f"line {line}, {field}: ")
 
@@ -249,3 +249,13 @@ def test_it_applies_and_exports_with_management_commands(tmp_path):
     path.write_text("pool: {nodes: [{id: x, address: bad}]}\n")
     with pytest.raises(CommandError, match=r"line 1, pool.nodes\[0\].address"):
         call_command("applyconfig", str(path))
+
+
+def test_a_node_entry_may_leave_out_what_it_keeps():
+    apply_config_text(ISSUE_EXAMPLE)
+    report = apply_config_text("pool:\n  nodes:\n    - {id: node-01, weight: 4}\n")
+    assert report.updated == ["node-01"] and report.changes == ["node-01.weight: 10 \u2192 4"]
+    assert Node.objects.get(node_id="node-01").address == "127.0.0.11:9391"
+    with pytest.raises(ConfigError) as info:
+        apply_config_text("pool:\n  nodes:\n    - {id: node-new, weight: 4}\n")
+    assert info.value.field == "pool.nodes[0].address" and info.value.line == 3

@@ -67,7 +67,7 @@ class Command(BaseCommand):
         )
         if taken:
             raise CommandError(
-                f"port {', '.join(taken)} is taken (another array, or another program, listens "
+                f"taken: {', '.join(taken)} (another array, or another program, listens "
                 "there); choose other ports: make run PORT=<port> (nodes use the next ports), "
                 "or manage.py up --port <port> --node-port <port>"
             )
