@@ -143,6 +143,9 @@ async def test_it_marks_a_stopped_node_down_and_moves_its_sessions(steady, log_d
             session_id="stop-1"
         )
         assert route.node.node_id == "steady-1" and route.moves == 1
+        reasons = await sync_to_async(list)(route.decisions.values_list("reason", flat=True))
+        # it moved *while waiting* (the wait saw the node go down), not at a later routing
+        assert "moved to steady-1: frozen went down while the request waited" in reasons
     finally:
         os.kill(frozen.popen.pid, signal.SIGCONT)
         frozen.stop()

@@ -338,3 +338,41 @@ async def test_it_serves_a_hard_coded_model_name_through_an_alias_or_the_default
     assert (await post(AsyncClient(), other, auth)).status_code == 404
     await sync_to_async(policy_update)(changes={"default_model": MODEL})
     assert (await post(AsyncClient(), other, auth)).status_code == 200
+
+
+async def test_a_busy_pinned_node_answers_node_busy_without_moving_the_session(fakes, auth):
+    first = await post(AsyncClient(), body(), {**auth, "X-Session-Id": "pinned-busy"})
+    node = first["X-Phalanx-Node"]
+    fakes[node].chat_status = 503  # its queue is full
+    busy = await post(AsyncClient(), body(), {**auth, "X-Session-Id": "pinned-busy"})
+    assert busy.status_code == 503 and busy["Retry-After"] == "1"
+    assert error_of(busy)["code"] == "node_busy"
+    route = await SessionRoute.objects.select_related("node").aget(session_id="pinned-busy")
+    assert route.node.node_id == node and route.moves == 0  # it keeps its node and its KV
+    assert (await Node.objects.aget(node_id=node)).consecutive_failures == 0
+    other = next(n for n in fakes if n != node)
+    assert len(fakes[other].requests) == 0
+
+
+async def test_a_full_array_answers_429_with_retry_after_over_http_and_websocket(
+    fakes, auth, token
+):
+    from channels.testing import WebsocketCommunicator
+
+    from console.asgi import application
+
+    await sync_to_async(policy_update)(changes={"max_inflight": 1})
+    for fake in fakes.values():
+        fake.tokens, fake.token_delay = ["x"] * 200, 0.02  # a stream that stays open
+    held = await post(AsyncClient(), body(stream=True), auth)
+    assert held.status_code == 200
+    full = await post(AsyncClient(), body(), auth)
+    assert full.status_code == 429 and int(full["Retry-After"]) >= 1
+    assert error_of(full)["code"] == "array_full"
+    comm = WebsocketCommunicator(application, f"/ws/sessions/full-ws/?token={token}")
+    assert (await comm.connect(timeout=10))[0]
+    await comm.send_json_to({"type": "user", "content": "hi"})
+    event = await comm.receive_json_from(timeout=10)
+    await comm.disconnect()
+    assert event["type"] == "error" and event["code"] == "array_full" and event["retry_after"] >= 1
+    await held.streaming_content.aclose()
