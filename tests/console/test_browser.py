@@ -316,11 +316,6 @@ def test_it_screenshots_every_page(page_as, array, healthy_node):
         response = page.goto(f"{array.url}{path}")
         assert response is not None and response.status == 200, path
         shot(page, name)
-    sessions = page.locator("#routes-body a[href^='/sessions/']")
-    if sessions.count():
-        sessions.first.click()
-        page.wait_for_selector("#decisions")
-        shot(page, "session")
     page.goto(f"{array.url}/")
     playwright_sync.expect(
         page.locator(f'tr[data-node="{healthy_node}"] [data-field=state]')
@@ -401,3 +396,22 @@ def test_the_audit_page_shows_who_changed_what(page_as, array, healthy_node):
         page.locator("#audit tbody tr", has_text="node.undrain").first
     ).to_be_visible()
     shot(page, "audit")
+
+
+def test_the_routing_table_shows_a_new_session_live_and_its_decisions(page_as, array, healthy_node):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/routing/")
+    session = f"live-{int(time.time() * 1000)}"
+    playwright_sync.expect(page.locator("#routes-body")).not_to_contain_text(session)
+    answer = httpx.post(
+        f"{array.url}/v1/chat/completions",
+        json={"model": PACKAGE, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {array.token}", "X-Session-Id": session},
+        timeout=120,
+    )
+    assert answer.status_code == 200
+    row = page.locator("#routes-body tr", has_text=session)  # no reload: the table refreshes
+    playwright_sync.expect(row).to_contain_text(healthy_node, timeout=15_000)
+    row.locator("a[href^='/sessions/']").first.click()
+    playwright_sync.expect(page.locator("#decisions")).to_contain_text(f"placed on {healthy_node}")
+    shot(page, "session")

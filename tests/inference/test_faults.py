@@ -154,24 +154,46 @@ async def test_it_marks_a_stopped_node_down_and_moves_its_sessions(steady, log_d
 async def test_it_drains_a_node_under_load_without_cutting_streams(steady):
     token = await inventory(*steady)
     sessions = [f"drain-{i}" for i in range(4)]
+    # each session its own prompt prefix: cached tokens can only come from its own KV
+    prompts = {s: f"[{s} asks] {LONG}" for s in sessions}
     responses = await asyncio.wait_for(
-        asyncio.gather(*(open_stream(token, s, max_tokens=32) for s in sessions)), 120
+        asyncio.gather(
+            *(open_stream(token, s, max_tokens=32, content=prompts[s]) for s in sessions)
+        ),
+        120,
     )
     drained = responses[0]["X-Phalanx-Node"]
     await sync_to_async(node_drain)(node_id=drained)
     bodies = await asyncio.wait_for(asyncio.gather(*(read_all(r) for r in responses)), 120)
     assert all('"error"' not in b and b.rstrip().endswith("[DONE]") for b in bodies)
+    first_usage = {s: usage_of(b) for s, b in zip(sessions, bodies, strict=True)}
     # the drained node's sessions move at their next turn and take their KV along
     mine = [s for s, r in zip(sessions, responses, strict=True) if r["X-Phalanx-Node"] == drained]
+    old = next(p for p in steady if p.log_path.stem == drained)
     for session in mine:
-        again = await open_stream(token, session, max_tokens=2)
+        again = await open_stream(token, session, max_tokens=2, content=prompts[session])
         assert again["X-Phalanx-Node"] != drained
-        await read_all(again)
+        usage = usage_of(await read_all(again))
+        # reused on the new node: all of the first turn's prompt was cached there ...
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= (
+            first_usage[session]["prompt_tokens"] - 2
+        )
+        # ... and erased on the node it left
+        held = httpx.get(f"{old.url}/sessions/{session}", headers=old.headers, timeout=5)
+        assert held.status_code == 404
     kinds = await sync_to_async(list)(
         RouteDecision.objects.filter(route__session_id__in=mine).values_list("action", flat=True)
     )
     assert kinds.count("moved") == len(mine)
     assert kinds.count("kv_moved") == len(mine)
+
+
+def usage_of(text: str) -> dict:
+    """The ``usage`` of a streamed answer (its last chunk before ``[DONE]`` carries it)."""
+    for event in text.split("\n\n"):
+        if event.startswith("data: {") and '"usage"' in event:
+            return json.loads(event[6:])["usage"]
+    raise AssertionError("no usage in the stream")
 
 
 async def test_it_cancels_generation_when_an_sse_client_goes_away(steady):
@@ -271,7 +293,7 @@ async def test_a_long_real_prefill_is_not_taken_for_a_silent_node(steady):
     assert response.status_code == 200, response.content
     text = await read_all(response)
     assert '"error"' not in text
-    usage = next(json.loads(e[6:])["usage"] for e in text.split("\n\n") if '"usage"' in e)
+    usage = usage_of(text)
     assert usage["prompt_tokens"] > 700 and usage["prompt_tokens_details"]["cached_tokens"] < 100
     # the deadline's token estimate never counts fewer tokens than the node prefilled
     assert uncached_prompt_chars([{"content": prompt}], cached_on_node=False) / CHARS_PER_TOKEN >= (

@@ -123,19 +123,26 @@ def test_it_shows_cached_tokens_on_a_sessions_second_turn(node) -> None:
 
 
 def test_it_exports_imports_and_erases_a_session(node) -> None:
-    history = [{"role": "user", "content": "Tell me about owls."}]
-    chat(
-        node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-1"}
-    )
+    # a prompt of its own: no earlier test's sequence shares more than the template's start
+    history = [{"role": "user", "content": "Tell me about owls (export test 8431, unique)."}]
+    body = {"messages": history, "temperature": 0, "max_tokens": 12}
+
+    def cached(session: str) -> tuple[int, int]:
+        usage = chat(node, body, **{"X-Session-Id": session}).json()["usage"]
+        return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+    prompt_tokens, _ = cached("exp-1")
     blob = httpx.get(f"{node.url}/sessions/exp-1/state", headers=node.headers).content
     assert httpx.delete(f"{node.url}/sessions/exp-1", headers=node.headers).json()["erased"] is True
     assert httpx.get(f"{node.url}/sessions/exp-1", headers=node.headers).status_code == 404
+    # the control: the same prompt in a session that imported nothing
+    _, control = cached("exp-control")
+    httpx.delete(f"{node.url}/sessions/exp-control", headers=node.headers)
     imported = httpx.put(f"{node.url}/sessions/exp-2/state", content=blob, headers=node.headers)
     assert imported.status_code == 200 and imported.json()["where"] == "host"
-    again = chat(
-        node, {"messages": history, "temperature": 0, "max_tokens": 12}, **{"X-Session-Id": "exp-2"}
-    ).json()
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    _, reused = cached("exp-2")
+    assert reused >= prompt_tokens - 2  # the imported KV covered the whole prompt
+    assert control < prompt_tokens - 2  # which the control did not have
     bad = httpx.put(f"{node.url}/sessions/exp-3/state", content=b"garbage", headers=node.headers)
     assert bad.status_code == 400 and "magic" in bad.json()["error"]["message"]
 
