@@ -300,21 +300,23 @@ def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
     shot(page, "node-viewer")
 
 
-def test_it_screenshots_every_page(page_as, array, healthy_node):
+def test_every_page_shows_what_it_is_for(page_as, array, healthy_node):
     page = page_as("admin")
     package_id = array.api("GET", "/packages").json()[0]["id"]
-    pages = {
-        "overview": "/",
-        "packages": "/packages/",
-        "package": f"/packages/{package_id}/",
-        "routing": "/routing/",
-        "tokens": "/tokens/",
-        "config": "/config/",
-        "api-docs": "/api/docs",
+    pages = {  # name: (path, text a person must see there)
+        "overview": ("/", healthy_node),
+        "packages": ("/packages/", PACKAGE),
+        "package": (f"/packages/{package_id}/", "Q4_1"),
+        "routing": ("/routing/", "Routing table"),
+        "tokens": ("/tokens/", "tests"),  # the token the array fixture issued
+        "config": ("/config/", f"id: {healthy_node}"),
+        "audit": ("/audit/", "Who"),
+        "api-docs": ("/api/docs", "Phalanx admin API"),
     }
-    for name, path in pages.items():
+    for name, (path, text) in pages.items():
         response = page.goto(f"{array.url}{path}")
         assert response is not None and response.status == 200, path
+        playwright_sync.expect(page.get_by_text(text).first).to_be_visible()
         shot(page, name)
     page.goto(f"{array.url}/")
     playwright_sync.expect(
