@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 import psutil
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.db import close_old_connections
@@ -200,10 +200,23 @@ KEEP_S = float(os.environ.get("PHALANX_UTILIZATION_KEEP_S", 24 * 3600))
 DURABLE_HISTORY_S = 1800  # what a new tab gets from the database (the charts' window)
 
 
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _sampling_loop() -> asyncio.AbstractEventLoop:
+    """One event loop for this (blocking) process's samples, kept: its HTTP client and its
+    executor's database connections are reused tick after tick (a loop per tick, as
+    ``async_to_sync`` makes, leaked a socket and a connection each time)."""
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop
+
+
 def record_sample() -> None:
     """Take one snapshot and keep it (the control loop calls this every tick); drop samples
     older than ``KEEP_S``."""
-    snapshot, _ = async_to_sync(take_snapshot)(0, None)
+    snapshot, _ = _sampling_loop().run_until_complete(take_snapshot(0, None))
     snapshot.pop("events", None)
     now = timezone.now()
     UtilizationSample.objects.create(taken_at=now, snapshot=snapshot)

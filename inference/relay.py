@@ -171,18 +171,18 @@ class Upstream:
         log.warning("%s broke an answer: %s %s", self.node_id, reason, detail)
         metric_inc("phalanx_proxy_broken_answers_total")
         broken_turns.note(self.session_id, self.node_id)
-        self.request_failed(reason)
+        await self.request_failed(reason)
         await _record_failure(
             node_id=self.node_id,
             reason=f"broke mid-answer: {reason}",
             failure_threshold=self.failure_threshold,
         )
 
-    def request_failed(self, reason: str) -> None:
+    async def request_failed(self, reason: str) -> None:
         """Note this request's failure in ``request_breaker``; a trip takes the node out."""
         trip = request_breaker.failure(self.node_id, request_fingerprint(self.payload), reason)
         if trip is not None:
-            asyncio.ensure_future(take_out(self.node_id, trip.describe()))
+            await take_out(self.node_id, trip.describe())
 
 
 async def take_out(node_id: str, evidence: str) -> None:
@@ -218,7 +218,7 @@ async def _checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]
         raise StreamBroken(f"broke off the stream: {describe_transport_error(exc)}") from exc
     if check.errored:
         if check.error_type != "invalid_request_error":  # the request's fault is not the node's
-            upstream.request_failed("sent an in-band error event")
+            await upstream.request_failed("sent an in-band error event")
         if not check.done:
             yield f"data: {DONE}\n\n".encode(), DONE
 

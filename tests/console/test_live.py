@@ -167,3 +167,13 @@ def test_the_control_loop_keeps_history_without_an_open_tab(fake_node_for_histor
     old.save()
     utilization.record_sample()  # also drops what is past KEEP_S
     assert UtilizationSample.objects.count() == 2
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+def test_the_control_loops_samples_do_not_leak_sockets_or_connections(fake_node_for_history):
+    for _ in range(3):  # warm: the sampling loop, its client and executor exist
+        utilization.record_sample()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        utilization.record_sample()
+    assert len(os.listdir("/proc/self/fd")) <= before + 1  # one a tick leaked, once
