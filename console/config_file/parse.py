@@ -191,10 +191,27 @@ def _plain(node: yaml.Node, path: str) -> Any:
 
 def parse_config(text: str) -> ArraySpec:
     """Parse and check a config file's text. Raises ``ConfigError`` naming line and field."""
+    root = _compose(text)
+    if root is None:
+        return ArraySpec()
+    top = _mapping(root, "", {"server", "pool", "routing", "inference"})
+    values: dict[str, Any] = {}
+    if "server" in top:
+        values |= _server(top["server"])
+    if "pool" in top:
+        values |= _pool(top["pool"])
+    if "routing" in top:
+        values["routing"] = _routing(top["routing"])
+    if "inference" in top:
+        values |= _inference(top["inference"])
+    return ArraySpec(**values)
+
+
+def _compose(text: str) -> yaml.Node | None:
     if len(text.encode()) > MAX_BYTES:
         raise ConfigError(f"the file is larger than {MAX_BYTES} bytes.")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise ConfigError(
@@ -204,60 +221,57 @@ def parse_config(text: str) -> ArraySpec:
         raise ConfigError(f"not valid YAML: {exc}") from exc
     except RecursionError as exc:
         raise ConfigError("the YAML nests too deeply.") from exc
-    if root is None:
-        return ArraySpec()
-    top = _mapping(root, "", {"server", "pool", "routing", "inference"})
+
+
+def _server(node: yaml.Node) -> dict[str, Any]:
+    server = _mapping(node, "server", {"listen", "routing_key_header"})
     values: dict[str, Any] = {}
-    if "server" in top:
-        server = _mapping(top["server"], "server", {"listen", "routing_key_header"})
-        if "listen" in server:
-            values["listen"] = _string(
-                server["listen"],
-                "server.listen",
-                _ADDRESS,
-                "must be host:port, for example 127.0.0.1:9391.",
-            )
-        if "routing_key_header" in server:
-            values["routing_key_header"] = _string(
-                server["routing_key_header"],
-                "server.routing_key_header",
-                _HEADER,
-                "must be an HTTP header name such as X-Session-Id.",
-            )
-    if "pool" in top:
-        pool = _mapping(
-            top["pool"], "pool", {"nodes", "health_check_interval_ms", "failover_strategy"}
+    if "listen" in server:
+        values["listen"] = _string(
+            server["listen"],
+            "server.listen",
+            _ADDRESS,
+            "must be host:port, for example 127.0.0.1:9391.",
         )
-        if "nodes" in pool:
-            values["nodes"] = _nodes(pool["nodes"], "pool.nodes")
-        if "health_check_interval_ms" in pool:
-            values["health_check_interval_ms"] = _int(
-                pool["health_check_interval_ms"], "pool.health_check_interval_ms", 100
-            )
-        if "failover_strategy" in pool:
-            choices = [c.value for c in RoutingPolicy.FailoverStrategy]
-            value = _string(pool["failover_strategy"], "pool.failover_strategy")
-            if value not in choices:
-                raise ConfigError(
-                    f"must be one of {', '.join(choices)}.",
-                    line=_line(pool["failover_strategy"]),
-                    field="pool.failover_strategy",
-                )
-            values["failover_strategy"] = value
-    if "routing" in top:
-        values["routing"] = _routing(top["routing"])
-    if "inference" in top:
-        inf = _mapping(
-            top["inference"],
-            "inference",
-            {"model_path", "ai_module", "context_window", "max_batch"},
+    if "routing_key_header" in server:
+        values["routing_key_header"] = _string(
+            server["routing_key_header"],
+            "server.routing_key_header",
+            _HEADER,
+            "must be an HTTP header name such as X-Session-Id.",
         )
-        if "model_path" in inf:
-            values["model_path"] = _string(inf["model_path"], "inference.model_path")
-        if "ai_module" in inf:
-            values["ai_module"] = _string(inf["ai_module"], "inference.ai_module")
-        if "context_window" in inf:
-            values["context_window"] = _int(inf["context_window"], "inference.context_window", 1)
-        if "max_batch" in inf:
-            values["max_batch"] = _int(inf["max_batch"], "inference.max_batch", 1)
-    return ArraySpec(**values)
+    return values
+
+
+def _pool(node: yaml.Node) -> dict[str, Any]:
+    pool = _mapping(node, "pool", {"nodes", "health_check_interval_ms", "failover_strategy"})
+    values: dict[str, Any] = {}
+    if "nodes" in pool:
+        values["nodes"] = _nodes(pool["nodes"], "pool.nodes")
+    if "health_check_interval_ms" in pool:
+        values["health_check_interval_ms"] = _int(
+            pool["health_check_interval_ms"], "pool.health_check_interval_ms", 100
+        )
+    if "failover_strategy" in pool:
+        choices = [c.value for c in RoutingPolicy.FailoverStrategy]
+        value = _string(pool["failover_strategy"], "pool.failover_strategy")
+        if value not in choices:
+            raise ConfigError(
+                f"must be one of {', '.join(choices)}.",
+                line=_line(pool["failover_strategy"]),
+                field="pool.failover_strategy",
+            )
+        values["failover_strategy"] = value
+    return values
+
+
+def _inference(node: yaml.Node) -> dict[str, Any]:
+    inf = _mapping(node, "inference", {"model_path", "ai_module", "context_window", "max_batch"})
+    values: dict[str, Any] = {}
+    for key in ("model_path", "ai_module"):
+        if key in inf:
+            values[key] = _string(inf[key], f"inference.{key}")
+    for key in ("context_window", "max_batch"):
+        if key in inf:
+            values[key] = _int(inf[key], f"inference.{key}", 1)
+    return values
