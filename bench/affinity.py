@@ -11,11 +11,17 @@ turn). Three ways to spread them over the same three nodes:
 
 The peers call the nodes directly (no proxy hop), with the same ``X-Session-Id``, so a turn that
 happens to land on the node that holds the session still reuses its KV. ``ratio`` = round-robin
-mean turn latency / pinned mean turn latency (goal: >= 2), reported with equal success rates;
-``ttft_ratio`` is the same for the mean time to first token, the part of a turn routing changes
-(decode costs the same wherever the turn runs).
+mean turn latency / pinned mean turn latency (goal: >= 2); ``ttft_ratio`` is the same for the
+mean time to first token, the part of a turn routing changes (decode costs the same wherever the
+turn runs).
 
-    python bench/affinity.py [--quick]
+Fair to the peers: each mode gets three freshly started nodes (no mode inherits another's
+sequences, host-RAM copies or cached prefixes), the modes run in a random order (``--seed``,
+printed), ``--quick`` only shortens the run (fewer sessions and turns, the same ``max_tokens``),
+and a ratio is only reported between modes whose success rates are equal (``null`` otherwise,
+with the rates printed).
+
+    python bench/affinity.py [--quick] [--seed N]
 """
 
 from __future__ import annotations
@@ -87,65 +93,83 @@ async def measure(mode: str, pickers, sessions: int, turns: int, max_tokens: int
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="6 sessions x 3 turns, within 60 s")
-    parser.add_argument(
-        "--modes",
-        default="pinned,round_robin,random",
-        help="comma-separated subset to run (the ratio needs pinned and round_robin)",
-    )
-    args = parser.parse_args()
-    modes = args.modes.split(",")
-    sessions, turns, max_tokens = (6, 3, 8) if args.quick else (12, 8, 40)
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
-    nodes = [start_node(f"node-0{i}", log_dir, extra_args=NODE_ARGS) for i in (1, 2, 3)]
-    plane = None
+MAX_TOKENS = 40
+
+
+def run_mode(mode: str, log_dir: Path, sessions: int, turns: int, rng: random.Random) -> dict:
+    """``mode`` on three nodes started for it (and a control plane for ``pinned``), then stopped."""
+    mode_dir = log_dir / mode
+    mode_dir.mkdir()
+    nodes, plane = [], None
     try:
-        addresses = {p.log_path.stem: p.url.removeprefix("http://") for p in nodes}
-        plane = ControlPlane(
-            addresses, log_dir, policy={"health_interval_s": 1.0, "canary_idle_s": 0}
-        )
+        nodes = [start_node(f"node-0{i}", mode_dir, extra_args=NODE_ARGS) for i in (1, 2, 3)]
         direct = [(p.url, p.headers) for p in nodes]
-        rr = itertools.cycle(direct)
-        rng = random.Random(7)
-        pickers = {
-            "pinned": lambda s: lambda: (plane.url, plane.headers),
-            "round_robin": lambda s: lambda: next(rr),
-            "random": lambda s: lambda: rng.choice(direct),
-        }
-        results = {
-            mode: asyncio.run(measure(mode, pick, sessions, turns, max_tokens))
-            for mode, pick in pickers.items()
-            if mode in modes
-        }
+        if mode == "pinned":
+            addresses = {p.log_path.stem: p.url.removeprefix("http://") for p in nodes}
+            plane = ControlPlane(
+                addresses, mode_dir, policy={"health_interval_s": 1.0, "canary_idle_s": 0}
+            )
+            pickers = lambda s: lambda: (plane.url, plane.headers)  # noqa: E731
+        elif mode == "round_robin":
+            rr = itertools.cycle(direct)
+            pickers = lambda s: lambda: next(rr)  # noqa: E731
+        else:
+            pickers = lambda s: lambda: rng.choice(direct)  # noqa: E731
+        return asyncio.run(measure(mode, pickers, sessions, turns, MAX_TOKENS))
     finally:
         if plane is not None:
             plane.stop()
         for proc in nodes:
             proc.stop()
+
+
+def ratio_over_pinned(results: dict, mode: str, figure: str = "mean_turn_s") -> float | None:
+    """``results[mode][figure] / results['pinned'][figure]``; None when either mode is missing
+    or their success rates differ (a mode that failed turns did less work)."""
+    if mode not in results or "pinned" not in results:
+        return None
+    if results[mode]["success_rate"] != results["pinned"]["success_rate"]:
+        return None
+    return round(results[mode][figure] / max(1e-9, results["pinned"][figure]), 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="6 sessions x 3 turns a mode")
+    parser.add_argument(
+        "--modes",
+        default="pinned,round_robin,random",
+        help="comma-separated subset to run (the ratio needs pinned and round_robin)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="mode order and random picks")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 16)
+    rng = random.Random(seed)
+    modes = args.modes.split(",")
+    rng.shuffle(modes)
+    print(f"seed {seed}: modes in order {', '.join(modes)}")
+    sessions, turns = (6, 3) if args.quick else (12, 8)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
+    results = {mode: run_mode(mode, log_dir, sessions, turns, rng) for mode in modes}
     for mode, r in results.items():
         print(
             f"{mode:12s} mean turn {r['mean_turn_s']} s, p95 {r['p95_turn_s']} s, "
             f"mean TTFT {r['mean_ttft_s']} s, success {r['success_rate']}"
         )
-
-    def over_pinned(mode: str, figure: str = "mean_turn_s") -> float | None:
-        if mode not in results or "pinned" not in results:
-            return None
-        return round(results[mode][figure] / max(1e-9, results["pinned"][figure]), 2)
-
     emit(
         {
             "bench": "affinity",
             "quick": args.quick,
+            "seed": seed,
+            "order": modes,
             "nodes": 3,
             "sessions": sessions,
             "turns": turns,
+            "max_tokens": MAX_TOKENS,
             **results,
-            "ratio_vs_random": over_pinned("random"),
-            "ttft_ratio": over_pinned("round_robin", "mean_ttft_s"),
-            "ratio": over_pinned("round_robin"),
+            "ratio_vs_random": ratio_over_pinned(results, "random"),
+            "ttft_ratio": ratio_over_pinned(results, "round_robin", "mean_ttft_s"),
+            "ratio": ratio_over_pinned(results, "round_robin"),
         }
     )
 

@@ -4,6 +4,12 @@ Phalanx's node against llama-cpp-python's own server (``python -m llama_cpp.serv
 model (SmolLM2-135M-Instruct Q4_1), same threads, ``interrupt_requests`` off. The last line is a
 JSON object; ``ratio`` is Phalanx's aggregate tokens/s over the peer's at 8 streams.
 
+Fair to the peer: both servers run for the whole benchmark and are measured one at a time, the
+side that goes first alternating from level to level (so drift on a busy machine does not land
+on one side); each level's prompts open with their own tag (``[level 8, stream 3]``), so no
+side reuses a prompt cached at an earlier level; each side is warmed up once, with a prompt no
+level uses.
+
     python bench/engine_concurrency.py [--quick]
 """
 
@@ -38,24 +44,33 @@ TOPICS = [
 ]
 
 
-def body(i: int, max_tokens: int) -> dict:
+def body(level: int, i: int, max_tokens: int) -> dict:
+    """Stream ``i`` of concurrency ``level``: a prompt no other level or stream sends."""
+    topic = TOPICS[i % len(TOPICS)]
     return {
         "model": "smollm2-135m-instruct-q4_1",
         "max_tokens": max_tokens,
         "temperature": 0.7,
         "seed": i,
         "messages": [
-            {"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}
+            {
+                "role": "user",
+                "content": f"[level {level}, stream {i}] Write a long story about {topic}.",
+            }
         ],
     }
 
 
+async def warm_up(url: str, headers: dict) -> None:
+    async with httpx.AsyncClient(timeout=300, headers=headers) as client:
+        await stream_chat(client, url, body(0, 0, 4))
+
+
 async def measure(url: str, streams: int, max_tokens: int, headers: dict) -> dict:
     async with httpx.AsyncClient(timeout=300, headers=headers) as client:
-        await stream_chat(client, url, body(99, 4))  # warm-up
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(stream_chat(client, url, body(i, max_tokens)) for i in range(streams))
+            *(stream_chat(client, url, body(streams, i, max_tokens)) for i in range(streams))
         )
         wall = time.perf_counter() - start
     tokens = sum(r.tokens for r in results)
@@ -67,12 +82,17 @@ async def measure(url: str, streams: int, max_tokens: int, headers: dict) -> dic
     }
 
 
-def bench(start, levels: list[int], max_tokens: int, log_dir: Path) -> dict[int, dict]:
-    proc = start(log_dir)
-    try:
-        return {n: asyncio.run(measure(proc.url, n, max_tokens, proc.headers)) for n in levels}
-    finally:
-        proc.stop()
+def bench(sides: dict, levels: list[int], max_tokens: int) -> dict[str, dict[int, dict]]:
+    """Each level on every side, one side at a time; the first side alternates by level."""
+    results: dict[str, dict[int, dict]] = {name: {} for name in sides}
+    for proc in sides.values():
+        asyncio.run(warm_up(proc.url, proc.headers))
+    for k, n in enumerate(levels):
+        order = list(sides) if k % 2 == 0 else list(reversed(sides))
+        for name in order:
+            proc = sides[name]
+            results[name][n] = asyncio.run(measure(proc.url, n, max_tokens, proc.headers))
+    return results
 
 
 def main() -> None:
@@ -86,23 +106,20 @@ def main() -> None:
     levels = [1, 8] if args.quick else [1, 4, 8, 16]
     max_tokens = 48 if args.quick else args.tokens
     log_dir = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    peer = bench(
-        lambda d: start_llama_cpp_server(d, threads=args.threads, n_ctx=4096),
-        levels,
-        max_tokens,
-        log_dir,
-    )
-    ours = bench(
-        lambda d: start_node(
+    sides = {}
+    try:
+        sides["peer"] = start_llama_cpp_server(log_dir, threads=args.threads, n_ctx=4096)
+        sides["phalanx"] = start_node(
             "bench-node",
-            d,
+            log_dir,
             threads=args.threads,
             extra_args=["--sequences", "16", "--ctx-per-seq", "512"],
-        ),
-        levels,
-        max_tokens,
-        log_dir,
-    )
+        )
+        results = bench(sides, levels, max_tokens)
+    finally:
+        for proc in sides.values():
+            proc.stop()
+    ours, peer = results["phalanx"], results["peer"]
     for n in levels:
         print(
             f"{n:>2} streams  phalanx {ours[n]['tokens_per_s']:>7} tok/s  TTFT P95 {ours[n]['ttft_p95_s']:>6} s"

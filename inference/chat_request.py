@@ -31,7 +31,7 @@ def decode_json(raw: bytes | str) -> Any:
     holds an unpaired UTF-16 surrogate (``"\ud800"``: valid JSON, not text)."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        data = json.loads(text or "", parse_constant=_refuse_constant, parse_float=_finite)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"The body is not UTF-8: {exc}.", code="invalid_json") from exc

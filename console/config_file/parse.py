@@ -30,8 +30,10 @@ def _mapping(node: yaml.Node, path: str, keys: set[str]) -> dict[str, yaml.Node]
         raise ConfigError("must be a mapping (key: value).", line=_line(node), field=path or None)
     out: dict[str, yaml.Node] = {}
     for key_node, value_node in node.value:
-        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-        where = f"{path}.{key}" if path else str(key)
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError("keys must be plain names.", line=_line(key_node), field=path or None)
+        key = key_node.value
+        where = f"{path}.{key}" if path else key
         if key not in keys:
             allowed = ", ".join(sorted(keys))
             raise ConfigError(
@@ -57,15 +59,14 @@ def _construct(node: yaml.ScalarNode) -> Any:
         loader.dispose()
 
 
-def _string(
-    node: yaml.Node, path: str, pattern: re.Pattern[str] | None = None, hint: str = ""
-) -> str:
+def _string(node: yaml.Node, path: str, shape: tuple[re.Pattern[str], str] | None = None) -> str:
+    """A scalar as text; ``shape`` is a pattern it must match and the sentence saying so."""
     value = _scalar(node, path)
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
         raise ConfigError("must be text.", line=_line(node), field=path)
     text = str(value)
-    if pattern is not None and not pattern.match(text):
-        raise ConfigError(hint or "has the wrong shape.", line=_line(node), field=path)
+    if shape is not None and not shape[0].match(text):
+        raise ConfigError(shape[1], line=_line(node), field=path)
     return text
 
 
@@ -113,13 +114,14 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
             )
     return NodeSpec(
         node_id=_string(
-            keys["id"], f"{path}.id", _NODE_ID, "must be letters, digits, '-' or '_' (at most 64)."
+            keys["id"],
+            f"{path}.id",
+            (_NODE_ID, "must be letters, digits, '-' or '_' (at most 64)."),
         ),
         address=_string(
             keys["address"],
             f"{path}.address",
-            _ADDRESS,
-            "must be host:port, for example 127.0.0.1:9401.",
+            (_ADDRESS, "must be host:port, for example 127.0.0.1:9401."),
         )
         if "address" in keys
         else None,
@@ -130,8 +132,7 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
         cpu_set=_string(
             keys["cpu_set"],
             f"{path}.cpu_set",
-            _CPU_SET,
-            "must be a CPU list such as 0, 0-3 or 0,2.",
+            (_CPU_SET, "must be a CPU list such as 0, 0-3 or 0,2."),
         )
         if "cpu_set" in keys
         else None,
@@ -230,15 +231,13 @@ def _server(node: yaml.Node) -> dict[str, Any]:
         values["listen"] = _string(
             server["listen"],
             "server.listen",
-            _ADDRESS,
-            "must be host:port, for example 127.0.0.1:9391.",
+            (_ADDRESS, "must be host:port, for example 127.0.0.1:9391."),
         )
     if "routing_key_header" in server:
         values["routing_key_header"] = _string(
             server["routing_key_header"],
             "server.routing_key_header",
-            _HEADER,
-            "must be an HTTP header name such as X-Session-Id.",
+            (_HEADER, "must be an HTTP header name such as X-Session-Id."),
         )
     return values
 

@@ -94,7 +94,7 @@ class ChatService:
         max_tokens = (
             chat.max_tokens if chat.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
         )
-        params = _sampling_params(chat, max_tokens)  # raises BadRequest
+        params = sampling_params(chat, max_tokens)  # raises BadRequest
         loop = loop or asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         request = Request(
@@ -128,7 +128,11 @@ def _grammar(chat: ChatRequest) -> str | None:
         ) from exc
 
 
-def _sampling_params(chat: ChatRequest, max_tokens: int) -> SamplingParams:
+def sampling_params(chat: ChatRequest, max_tokens: int) -> SamplingParams:
+    """The engine's ``SamplingParams`` for a validated request: every sampling field as sent
+    (or its default from ``parse_chat_request``), the grammar of its tools or response format,
+    and a random seed when the request names none. Raises ``BadRequest`` for a schema that
+    cannot become a grammar."""
     grammar = _grammar(chat)
     extra = {"seed": chat.seed} if chat.seed is not None else {}
     return SamplingParams(

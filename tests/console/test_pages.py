@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from html.parser import HTMLParser
+
 import pytest
 from django.test import Client
 
@@ -43,9 +45,67 @@ def test_it_logs_in_with_a_password(users):
     assert Client().post("/login/", {"username": "viewer", "password": "no"}).status_code == 200
 
 
-@pytest.mark.parametrize("path", PAGES)
+class _VisibleText(HTMLParser):
+    """The text a browser draws: tag contents outside <script>, <style> and <head>."""
+
+    HIDDEN = {"script", "style", "head", "title"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.hidden = 0
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.hidden += tag in self.HIDDEN
+
+    def handle_endtag(self, tag) -> None:
+        self.hidden -= tag in self.HIDDEN
+
+    def handle_data(self, data) -> None:
+        if not self.hidden:
+            self.parts.append(data)
+
+
+def visible_text(response) -> str:
+    """The words a person reads on ``response`` (HTML), whitespace collapsed; plain text as is."""
+    body = response.content.decode()
+    if not response["Content-Type"].startswith("text/html"):
+        return body
+    parser = _VisibleText()
+    parser.feed(body)
+    return " ".join(" ".join(parser.parts).split())
+
+
+# What each page exists to show, given node-01 (package smollm2-test, 127.0.0.1:9401) with the
+# session s-shown pinned to it and the default routing policy.
+PAGE_SHOWS = {
+    "/": ["Overview", "1 nodes up", "1 sessions", "node-01", "127.0.0.1:9401"],
+    "/nodes/": ["node-01", "127.0.0.1:9401", "smollm2-test", "up"],
+    "/nodes/node-01/": ["node-01", "127.0.0.1:9401", "Sessions pinned here", "s-shown"],
+    "/packages/": ["smollm2-test", "Q4_1", "2048"],
+    "/routing/": ["Policy", "Routing table", "s-shown", "node-01"],
+    "/routing/table/": ["s-shown", "node-01", "smollm2-test"],
+    "/utilization/": ["Utilization", "waiting for the first sample"],
+    "/playground/": ["Playground", "smollm2-test (1 up"],
+    "/config/": ["Config as a file", "node-01", "127.0.0.1:9401"],
+    "/config/phalanx.yaml": [
+        "id: node-01",
+        "address: '127.0.0.1:9401'",
+        "package: 'smollm2-test:1'",
+    ],
+    "/audit/": ["Audit"],
+}
+assert set(PAGE_SHOWS) >= set(PAGES)
+
+
+@pytest.mark.parametrize("path", PAGE_SHOWS)
 def test_it_shows_every_page_to_a_viewer(login, node, path):
-    assert login("viewer").get(path).status_code == 200
+    SessionRoute.objects.create(session_id="s-shown", node=node, package=node.package, turns=3)
+    response = login("viewer").get(path)
+    assert response.status_code == 200
+    text = visible_text(response)
+    missing = [words for words in PAGE_SHOWS[path] if words not in text]
+    assert not missing, f"{path} does not show {missing}: {text[:2000]}"
 
 
 def test_it_shows_nothing_to_a_user_without_a_role(login, node):

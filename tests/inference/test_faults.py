@@ -21,6 +21,7 @@ from django.test import AsyncClient
 from console.asgi import application
 from inference.deadlines import CHARS_PER_TOKEN, uncached_prompt_chars
 from inference.models import RouteDecision, RoutingPolicy, SessionRoute
+from inference.relay import inflight
 from nodes.control import ControlLoop
 from nodes.models import Node
 from nodes.services import node_drain
@@ -128,7 +129,10 @@ async def test_it_marks_a_stopped_node_down_and_moves_its_sessions(steady, log_d
         os.kill(frozen.popen.pid, signal.SIGSTOP)
         # a turn sent now waits on a process that accepts but never answers ...
         waiting = asyncio.ensure_future(open_stream(token, "stop-1", max_tokens=2))
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while inflight.per_node().get("frozen", 0) != 1:  # sent to frozen, waiting on it
+            assert time.monotonic() < deadline and not waiting.done()
+            await asyncio.sleep(0.02)
         assert not waiting.done()
         # ... two health checks (two intervals) time out and mark the node down ...
         loop = ControlLoop()

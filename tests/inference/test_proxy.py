@@ -234,48 +234,98 @@ async def test_it_requires_a_token_for_models(fakes):
     assert response.status_code == 401
 
 
-async def test_it_closes_the_upstream_when_the_client_goes_away(fakes, auth):
+async def asgi_call(path: str, data: bytes, headers: dict[str, str], *, leave_after_first=False):
+    """One HTTP request through the production ASGI app (``console.asgi.application``: the body
+    limit, the ``/v1/`` bare handler, daphne's view of Django), as daphne would drive it.
+
+    Returns ``(status, headers, body)``; with ``leave_after_first`` the client disconnects as
+    soon as the first body bytes arrive."""
     import asyncio
 
-    from django.core.asgi import get_asgi_application
+    from console.asgi import application
 
-    for fake in fakes.values():
-        fake.tokens, fake.token_delay = ["x"] * 500, 0.01
-    app = get_asgi_application()
     gone = asyncio.Event()
-    requested = False
+    sent_request = False
+    started: dict = {}
+    chunks: list[bytes] = []
 
     async def receive():
-        nonlocal requested
-        if not requested:
-            requested = True
-            return {"type": "http.request", "body": body(stream=True).encode(), "more_body": False}
+        nonlocal sent_request
+        if not sent_request:
+            sent_request = True
+            return {"type": "http.request", "body": data, "more_body": False}
         await gone.wait()
         return {"type": "http.disconnect"}
 
     async def send(message):
-        if message["type"] == "http.response.body" and message.get("body"):
-            gone.set()
+        if message["type"] == "http.response.start":
+            started.update(message)
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if leave_after_first and message.get("body"):
+                gone.set()
+            if not message.get("more_body"):
+                gone.set()
 
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"host", b"testserver"),
-        (b"authorization", auth["Authorization"].encode()),
-    ]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": CHAT,
-        "raw_path": CHAT.encode(),
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
-        "headers": headers,
+        "headers": [(b"host", b"testserver")]
+        + [(k.lower().encode(), v.encode()) for k, v in headers.items()],
         "client": ("127.0.0.1", 1),
         "server": ("testserver", 80),
     }
-    await asyncio.wait_for(app(scope, receive, send), timeout=30)
+    await asyncio.wait_for(application(scope, receive, send), timeout=30)
+    response_headers = {k.decode().lower(): v.decode() for k, v in started.get("headers", [])}
+    return started.get("status"), response_headers, b"".join(chunks)
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+async def test_the_production_app_streams_a_chat_through_the_bare_handler(fakes, auth):
+    for fake in fakes.values():
+        fake.tokens = ["Hel", "lo"]
+    status, headers, data = await asgi_call(
+        CHAT, body(stream=True).encode(), {**auth, **JSON, "X-Session-Id": "prod-1"}
+    )
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert headers["x-phalanx-node"] in fakes
+    events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(
+        (c.get("delta") or {}).get("content") or ""
+        for e in events[:-1]
+        for c in json.loads(e)["choices"]
+    )
+    assert text == "Hello"
+
+
+async def test_the_production_app_refuses_without_a_token_and_past_the_body_limit(fakes, auth):
+    status, _, data = await asgi_call(CHAT, body().encode(), JSON)
+    assert status == 401 and b"Missing API token" in data
+    huge = body(stop=["x" * (9 << 20)]).encode()
+    status, _, data = await asgi_call(CHAT, huge, {**auth, **JSON})
+    assert status == 413 and b"over the limit" in data
+    status, _, data = await asgi_call(CHAT, b"{not json", {**auth, **JSON})
+    assert status == 400 and json.loads(data)["error"]["code"] == "invalid_json"
+
+
+async def test_it_closes_the_upstream_when_the_client_goes_away(fakes, auth):
+    import asyncio
+
+    for fake in fakes.values():
+        fake.tokens, fake.token_delay = ["x"] * 500, 0.01
+    status, _, _ = await asgi_call(
+        CHAT, body(stream=True).encode(), {**auth, **JSON}, leave_after_first=True
+    )
+    assert status == 200
     for _ in range(300):
         if sum(f.disconnects for f in fakes.values()) == 1:
             break

@@ -50,3 +50,76 @@ def test_it_passes_ordinary_agent_schemas() -> None:
         },
         "s",
     )
+
+
+def refusal(schema) -> tuple[str, str | None]:
+    with pytest.raises(BadRequest) as info:
+        check_schema_limits(schema, "s")
+    return info.value.message, info.value.param
+
+
+def test_the_limits_are_inclusive_and_messages_exact() -> None:
+    check_schema_limits({"maxLength": 256, "enum": list(range(256))}, "s")
+    assert refusal({"maxLength": 257}) == (
+        "s.maxLength must be at most 256 for a constrained answer.",
+        "s.maxLength",
+    )
+    assert refusal({"oneOf": [{}] * 257}) == ("s.oneOf may hold at most 256 values.", "s.oneOf")
+    assert refusal({"allOf": {}}) == ("s.allOf must be a non-empty list.", "s.allOf")
+    assert refusal({"pattern": "(a*)*"}) == (
+        "s.pattern repeats a repeated group, which makes constrained sampling exponential.",
+        "s.pattern",
+    )
+
+
+def test_a_count_that_is_not_a_number_is_left_to_the_schema() -> None:
+    check_schema_limits({"maxLength": True, "minItems": "9999"}, "s")
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_schemas_nest_at_most_32_deep_through_objects_and_lists() -> None:
+    check_schema_limits(nested(32), "s")  # 32 levels below the top: at the limit
+    message, param = refusal(nested(33))
+    assert message == f"{param} nests schemas more than 32 deep."
+    assert param == "s" + ".items" * 33
+    lists: dict = {"type": "string"}
+    for _ in range(16):
+        lists = {"anyOf": [lists]}  # two levels each: the list and its item
+    check_schema_limits(lists, "s")
+    message, param = refusal({"anyOf": [lists]})
+    assert param == "s" + ".anyOf[0]" * 16 + ".anyOf" and "more than 32 deep" in message
+
+
+def test_an_enum_s_values_are_data_not_schemas() -> None:
+    check_schema_limits({"enum": [{"maxLength": 9999}, [{"pattern": "(a*)*"}]]}, "s")
+    assert refusal({"const": {"maxLength": 9999}})[1] == "s.const.maxLength"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "(a*)*",
+        "(?:a{2,}){3}",
+        "x|(b+)+",  # in a branch
+        "((c+))+",  # through a group
+        "(d|(e+)+)",  # a branch inside a group
+        "f(g*)+?",  # lazy outer repeat
+        "(b(a*)*)+",  # inside a repeat with more in it
+    ],
+)
+def test_a_repeat_of_only_a_repeat_is_refused(pattern) -> None:
+    assert refusal({"pattern": pattern})[1] == "s.pattern"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(a?)+", "(a{1})*", "(ab+)+", "(a+)?", "(a|b)+", "[a-z]+( [a-z]+)*", "x|y", "(a+){1}"],
+)
+def test_a_repeat_that_splits_one_way_only_passes(pattern) -> None:
+    check_schema_limits({"pattern": pattern}, "s")
