@@ -2,7 +2,7 @@
 
     python -m tests.support.mutation_score [--min 85]
 
-Prints one line a module: mutants, killed (a test failed, or timed out), survived (every test
+Prints one line a module: mutants, killed (a test failed, timed out or crashed), survived (every test
 passed), no tests (no selected test runs the function), and the score
 ``killed / (mutants - skipped)`` in percent; then the survivors by name (``mutmut show NAME``
 prints one). Exits 1 when a module scores under ``--min``.
@@ -17,7 +17,9 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+# "suspicious" is mutmut's word for any other exit code: the test process died, e.g. llama.cpp
+# aborting on a NULL argument; the tests did not pass, so the mutant was noticed
+DETECTED = {"killed", "timeout", "segfault", "caught by type check", "suspicious"}
 LINE = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$")
 MODULE = re.compile(r"^(?P<module>.+?)\.x[_ǁ]")
 
