@@ -135,7 +135,9 @@ def overview() -> dict[str, Any]:
 def node_detail(node_id: str) -> dict[str, Any] | None:
     """A node, its recent events, pinned sessions and devices, or None when unknown.
 
-    Devices: the node's CPU set (threads) and the accelerator modules of the config file."""
+    Devices: the node's CPU set (threads) and the accelerator modules of the config file.
+    ``host_ram``: ``{"used_mib", "budget_mib"}`` of idle sessions' KV in the node's host RAM,
+    from its last scrape (None before one)."""
     node = Node.objects.select_related("package").filter(node_id=node_id).first()
     if node is None:
         return None
@@ -152,8 +154,16 @@ def node_detail(node_id: str) -> dict[str, Any] | None:
         for m in config.ai_modules.split(",")
         if m.strip()
     ]
+    seen = node.last_seen_load or {}
+    host_ram = None
+    if seen.get("host_ram_budget"):
+        host_ram = {
+            "used_mib": round((seen.get("host_ram") or 0) / 2**20, 1),
+            "budget_mib": round(seen["host_ram_budget"] / 2**20),
+        }
     return {
         "node": node,
+        "host_ram": host_ram,
         "events": list(node.events.all()[:50]),
         "sessions": list(node.session_routes.select_related("package")[:50]),
         "devices": devices,

@@ -141,8 +141,12 @@ def _ensure_admin_user() -> str | None:
 # --- processes ------------------------------------------------------------------------------
 
 
-def node_command(node: Node, *, model_path: Path, package: ModelPackage) -> list[str]:
-    """The command line that starts a local node agent for ``node``."""
+def node_command(
+    node: Node, *, model_path: Path, package: ModelPackage, host_ram_mib: int | None = None
+) -> list[str]:
+    """The command line that starts a local node agent for ``node``; ``host_ram_mib`` is its
+    budget for idle sessions' KV (None: the node's own default)."""
+    budget = ["--host-ram-mib", str(host_ram_mib)] if host_ram_mib else []
     return [
         sys.executable,
         str(Path(settings.BASE_DIR) / "manage.py"),
@@ -161,6 +165,7 @@ def node_command(node: Node, *, model_path: Path, package: ModelPackage) -> list
         str(node.threads),
         "--cpus",
         node.cpu_set or "0",
+        *budget,
     ]
 
 

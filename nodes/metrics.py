@@ -60,7 +60,8 @@ def _get(samples: dict[str, float], key: str) -> float | None:
 
 def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
     """Summarise a node's samples: ``{"load", "active", "queue", "total", "busy", "kv_used",
-    "kv_capacity", "requests", "prefill_speed"}`` (counts; ``load`` unitless; ``requests`` is
+    "kv_capacity", "requests", "prefill_speed", "host_ram", "host_ram_budget"}`` (counts;
+    ``host_ram*`` bytes of idle sessions' KV kept in host RAM, and its budget; ``load`` unitless; ``requests`` is
     the node's ``phalanx_node_requests_total``, used to tell an idle node for canaries;
     ``prefill_speed`` prompt tokens/s, None until measured, for first-byte deadlines).
 
@@ -89,4 +90,6 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
         "kv_capacity": _get(samples, "phalanx_node_kv_capacity_tokens"),
         "requests": _get(samples, "phalanx_node_requests_total"),
         "prefill_speed": _get(samples, "phalanx_node_prefill_speed_tokens_per_second") or None,
+        "host_ram": _get(samples, "phalanx_node_host_ram_bytes"),
+        "host_ram_budget": _get(samples, "phalanx_node_host_ram_budget_bytes"),
     }

@@ -65,7 +65,7 @@ def _string(node: yaml.Node, path: str, shape: tuple[re.Pattern[str], str] | Non
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
         raise ConfigError("must be text.", line=_line(node), field=path)
     text = str(value)
-    if shape is not None and not shape[0].match(text):
+    if shape is not None and not shape[0].fullmatch(text):
         raise ConfigError(shape[1], line=_line(node), field=path)
     return text
 

@@ -10,6 +10,7 @@ API reference: llama.cpp ``include/llama.h`` as bound by llama-cpp-python 0.3.36
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from dataclasses import dataclass
 
@@ -32,11 +33,54 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
+_captured: list[str] | None = None  # llama.cpp's log lines while a context is created
+
+
 @C.llama_log_callback
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs every tensor at load; keep only errors (GGML_LOG_LEVEL_ERROR == 4).
+    if _captured is not None:
+        _captured.append(text.decode("utf-8", "replace"))
     if level == 4:
         print(text.decode("utf-8", "replace"), end="", flush=True)
+
+
+KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0}
+# bytes per value of each K/V cache type: q8_0 stores blocks of 32 values as 32 bytes + an f16
+# scale (ggml's block_q8_0)
+KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+FLASH_ATTN = {
+    "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+# "llama_context: flash_attn = enabled", or "= auto" then "Flash Attention enabled" (or
+# "... not supported, set to disabled") once llama.cpp resolves it
+_FLASH_LINE = re.compile(
+    r"flash_attn\s*=\s*(\w+)|Flash Attention (enabled|disabled)|set to (enabled|disabled)"
+)
+_KV_LINE = re.compile(r"K \((\w+)\):.*V \((\w+)\):")
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """What llama.cpp says it set up for a context (read from its log as it creates it):
+    ``flash_attn`` "enabled" / "disabled", ``type_k`` / ``type_v`` ("f16", "q8_0")."""
+
+    flash_attn: str
+    type_k: str
+    type_v: str
+
+
+def _settings_from_log(lines: list[str]) -> ContextSettings:
+    text = "".join(lines)
+    flash = ["".join(groups) for groups in _FLASH_LINE.findall(text)]
+    kv = _KV_LINE.search(text)
+    return ContextSettings(
+        flash_attn=flash[-1] if flash else "unknown",
+        type_k=kv.group(1) if kv else "unknown",
+        type_v=kv.group(2) if kv else "unknown",
+    )
 
 
 class LlamaModel:
@@ -139,13 +183,14 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of f16 K and V per token over all layers (2 * n_layer * n_embd_kv * 2)."""
+    def kv_bytes_per_token(self, kv_type: str = "f16") -> int:
+        """Bytes of K and V per token over all layers
+        (2 * n_layer * n_embd_kv * ``KV_TYPE_BYTES[kv_type]``)."""
         n_layer = C.llama_model_n_layer(self.ptr)
         n_embd = C.llama_model_n_embd(self.ptr)
         n_head = max(1, C.llama_model_n_head(self.ptr))
         n_head_kv = C.llama_model_n_head_kv(self.ptr) or n_head
-        return 2 * n_layer * (n_embd // n_head * n_head_kv) * 2
+        return round(2 * n_layer * (n_embd // n_head * n_head_kv) * KV_TYPE_BYTES[kv_type])
 
 
 @dataclass(frozen=True)
@@ -157,6 +202,8 @@ class ContextShape:
     n_batch: int = 512
     threads: int = 1
     kv_unified: bool = False
+    kv_type: str = "f16"  # a key of KV_TYPES, for both K and V
+    flash_attn: str = "auto"  # a key of FLASH_ATTN
 
 
 class LlamaContext:
@@ -174,12 +221,16 @@ class LlamaContext:
         # cells. A unified cache makes every token attend to all used cells (masked): faster for
         # short sequences, slower for long agent sessions (docs/engine.md has the figures).
         params.kv_unified = shape.kv_unified
+        params.type_k = params.type_v = KV_TYPES[shape.kv_type]
+        params.flash_attn_type = FLASH_ATTN[shape.flash_attn]
         params.no_perf = True
         self.model = model
         self.shape = shape
-        self.ptr = C.llama_init_from_model(model.ptr, params)
+        self.ptr, log = _create_context(model, params)
         if not self.ptr:
-            raise LlamaError("cannot create llama context")
+            errors = [line.strip() for line in log if "init_from_model" in line]
+            raise LlamaError("cannot create llama context: " + ("; ".join(errors) or "no reason"))
+        self.settings = _settings_from_log(log)
         self.memory = C.llama_get_memory(self.ptr)
         self.batch = TokenBatch(shape.n_batch)
 
@@ -235,6 +286,17 @@ class LlamaContext:
     def sample(self, sampler: C.llama_sampler_p, batch_index: int) -> int:
         """Sample (and accept) a token from the logits at ``batch_index`` of the last decode."""
         return C.llama_sampler_sample(sampler, self.ptr, batch_index)
+
+
+def _create_context(model: LlamaModel, params) -> tuple[object, list[str]]:
+    """``llama_init_from_model`` and the lines llama.cpp logged while it ran."""
+    global _captured
+    with _backend_lock:  # one capture at a time
+        _captured = []
+        try:
+            return C.llama_init_from_model(model.ptr, params), _captured
+        finally:
+            _captured = None
 
 
 class TokenBatch:

@@ -23,6 +23,7 @@ from typing import Any
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
 from inference.engine.sampling import Sampler, SamplingParams
 from inference.engine.sequences import HostStore, Sequence, SequenceTable, common_prefix_len
+from inference.engine.speculation import MAX_DRAFT, draft_pays, draft_tokens
 from inference.engine.text import TextAssembler
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,25 @@ log = logging.getLogger(__name__)
 # A queued request waits for an in-flight prefill when it would share at least this many more
 # tokens with it than with anything cached (one prefill chunk is about 1 s on two cores).
 SHARE_WAIT_MIN_TOKENS = 64
+# A request whose drafts stopped paying tries again after this many steps without drafting.
+REPROBE_AFTER_STEPS = 16
+
+
+HOST_RAM_SHARE = 0.25  # of the memory available when the node starts, for idle sessions' KV
+HOST_RAM_FLOOR_MIB = 256
+
+
+def default_host_ram_mib(available_bytes: int, *, nodes_on_machine: int = 1) -> int:
+    """The host-RAM budget (MiB) for idle sessions' KV when the operator sets none:
+    ``HOST_RAM_SHARE`` of ``available_bytes`` (``psutil.virtual_memory().available``) split
+    evenly among the node agents on the machine, at least ``HOST_RAM_FLOOR_MIB``.
+
+    llama.cpp's own server keeps a host-memory prompt cache of 8 GiB by default
+    (``--cache-ram``); a share of what is free scales with the machine instead. An agent
+    session of 1,500 tokens on SmolLM2-135M (f16 K/V) is about 34 MiB, so 24 GiB free gives
+    each of two nodes 3 GiB, about 90 sessions each."""
+    share = int(available_bytes * HOST_RAM_SHARE / max(1, nodes_on_machine)) >> 20
+    return max(HOST_RAM_FLOOR_MIB, share)
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,11 @@ class EngineConfig:
     max_queue: int = 64
     prefix_reuse: bool = True
     kv_unified: bool = False
+    kv_type: str = "f16"  # K and V cache type: "f16" or "q8_0" (llama.KV_TYPES)
+    flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.FLASH_ATTN)
+    # prompt-lookup drafts (inference.engine.speculation) while at most this many tokens a
+    # step decode (the request's own plus drafts); 0 turns drafting off
+    draft_batch_limit: int = 16
 
 
 class QueueFull(RuntimeError):
@@ -104,6 +129,11 @@ class Request:
     last_token: int = -1
     cached_tokens: int = 0
     generated: int = 0
+    drafted: int = 0  # prompt-lookup draft tokens decoded for it
+    accepted: int = 0  # of those, the ones the model confirmed
+    draft_steps: int = 0  # steps that decoded a draft for it
+    draft_produced: int = 0  # tokens those steps generated (1 + accepted each)
+    draft_skips: int = 0  # steps it did not draft because drafting did not pay
     enqueued_at: float = field(default_factory=time.perf_counter)
     admitted_at: float = 0.0
     first_token_at: float = 0.0
@@ -156,6 +186,8 @@ class EngineStats:
     generated_tokens_total: int = 0
     restored_from_host_total: int = 0
     cancelled_total: int = 0
+    draft_tokens_total: int = 0
+    draft_accepted_total: int = 0
     prefill_rate: RateWindow = field(default_factory=RateWindow)
     decode_rate: RateWindow = field(default_factory=RateWindow)
     prefill_speed: SpeedMeter = field(default_factory=SpeedMeter)
@@ -179,6 +211,7 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.kv_bytes_per_token = 0
+        self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load (drafting on)
 
     # Public API (any thread) ------------------------------------------------------------
 
@@ -261,12 +294,45 @@ class Engine:
         cfg = self.config
         self.model = LlamaModel(cfg.model_path)
         shape = ContextShape(
-            cfg.sequences, cfg.ctx_per_seq, cfg.n_batch, cfg.threads, cfg.kv_unified
+            cfg.sequences,
+            cfg.ctx_per_seq,
+            cfg.n_batch,
+            cfg.threads,
+            cfg.kv_unified,
+            kv_type=cfg.kv_type,
+            flash_attn=cfg.flash_attn,
         )
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024)
         self.table = SequenceTable(self.ctx, cfg.sequences, host, prefix_reuse=cfg.prefix_reuse)
-        self.kv_bytes_per_token = self.model.kv_bytes_per_token()
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token(cfg.kv_type)
+        if cfg.draft_batch_limit:
+            self.draft_step_cost = self._measure_draft_step_cost()
+
+    def _measure_draft_step_cost(self, repeats: int = 3) -> float:
+        """Seconds to decode ``1 + MAX_DRAFT`` tokens of one sequence over seconds for one
+        token (best of ``repeats``), on the last sequence before any request owns it. 1.0 would
+        make drafts free; ``1 + MAX_DRAFT`` makes them cost what they could save."""
+        ctx, seq = self.ctx, self.config.sequences - 1
+        if ctx.batch.capacity < 1 + MAX_DRAFT:
+            return float(1 + MAX_DRAFT)  # a batch too small to draft in: never pays
+        token = self.model.tokenize("The")[-1]
+
+        def best(count: int) -> float:
+            times = []
+            for _ in range(repeats):
+                ctx.batch.clear()
+                for pos in range(count):
+                    ctx.batch.add(token, pos, seq, True)
+                began = time.perf_counter()
+                ctx.decode()
+                times.append(time.perf_counter() - began)
+                ctx.seq_truncate(seq, 0)
+            ctx.batch.clear()
+            return min(times)
+
+        best(1)  # warm-up: the first decode allocates llama.cpp's compute buffers
+        return best(1 + MAX_DRAFT) / best(1)
 
     def _run(self) -> None:
         try:
@@ -373,9 +439,15 @@ class Engine:
         batch.clear()
         to_sample: list[tuple[Request, int]] = []
         decoding = [r for r in self._active if not r.prefilling]
+        drafts = self._drafts(decoding)
+        verify: list[tuple[Request, list[int], list[int]]] = []
         for req in decoding:
             seq = req.seq
-            to_sample.append((req, batch.add(req.last_token, len(seq.tokens), seq.seq_id, True)))
+            pos = len(seq.tokens)
+            draft = drafts.get(req.id, [])
+            indices = [batch.add(req.last_token, pos, seq.seq_id, True)]
+            indices += [batch.add(t, pos + 1 + k, seq.seq_id, True) for k, t in enumerate(draft)]
+            verify.append((req, draft, indices))
         chunks = self._add_prefill_chunks(to_sample)
         started = time.perf_counter()
         try:
@@ -386,16 +458,80 @@ class Engine:
                 self._finish(req, "error", notify=False)
             return
         now = time.perf_counter()
-        for req in decoding:
-            req.seq.tokens.append(req.last_token)
         for req, chunk in chunks:
             req.seq.tokens.extend(chunk)
         prefilled = sum(len(c) for _, c in chunks)
         self.stats.prefill_rate.add(prefilled, now)
         self.stats.prefill_speed.add(prefilled, now - started)
-        self.stats.decode_rate.add(len(decoding), now)
+        decoded = sum(self._verify(req, draft, indices) for req, draft, indices in verify)
+        self.stats.decode_rate.add(decoded, now)
         for req, index in to_sample:
             self._on_token(req, self.ctx.sample(req.sampler.ptr, index))
+
+    def _drafts(self, decoding: list[Request]) -> dict[int, list[int]]:
+        """Prompt-lookup drafts for this step, by request id, while the step decodes at most
+        ``draft_batch_limit`` tokens (drafting pays while a step is bound by reading the
+        weights, not by arithmetic: a few sequences, not a full batch)."""
+        room = min(self.config.draft_batch_limit, self.ctx.batch.capacity) - len(decoding)
+        drafts: dict[int, list[int]] = {}
+        for req in decoding:
+            if room <= 0:
+                break
+            left = min(
+                req.params.max_tokens - req.generated - 1,
+                self.config.ctx_per_seq - len(req.seq.tokens) - 2,
+                room,
+            )
+            if left <= 0:
+                continue
+            if not self._may_draft(req, 1):  # not even one token pays: skip the lookup
+                continue
+            draft = draft_tokens([*req.seq.tokens, req.last_token], max_draft=min(MAX_DRAFT, left))
+            if draft and self._may_draft(req, len(draft)):
+                drafts[req.id] = draft
+                room -= len(draft)
+        return drafts
+
+    def _may_draft(self, req: Request, draft_len: int) -> bool:
+        """``draft_pays`` for ``req``; a request whose drafts stopped paying is probed afresh
+        after ``REPROBE_AFTER_STEPS`` steps (its output may turn from prose to echoed JSON)."""
+        if draft_pays(
+            produced=req.draft_produced,
+            steps=req.draft_steps,
+            draft_len=draft_len,
+            step_cost=self.draft_step_cost,
+        ):
+            return True
+        req.draft_skips += 1
+        if req.draft_skips >= REPROBE_AFTER_STEPS:
+            req.draft_steps = req.draft_produced = req.draft_skips = 0
+        return False
+
+    def _verify(self, req: Request, draft: list[int], indices: list[int]) -> int:
+        """Sample the request's next token and each draft position in turn, keeping drafted
+        tokens while the model picks them; the KV cells of the rest are dropped. Returns the
+        tokens generated. With no draft this is one ordinary sample."""
+        seq = req.seq
+        seq.tokens.append(req.last_token)
+        if draft:  # counted first: a token below may finish the request and report them
+            req.drafted += len(draft)
+            self.stats.draft_tokens_total += len(draft)
+        produced = 0
+        for k, index in enumerate(indices):
+            token = self.ctx.sample(req.sampler.ptr, index)
+            produced += 1
+            self._on_token(req, token)
+            confirmed = k < len(draft) and token == draft[k]
+            if req not in self._active or not confirmed:
+                break
+            seq.tokens.append(token)  # its KV is in the cache: it was decoded as draft[k]
+            req.accepted += 1
+        if draft:
+            req.draft_steps += 1
+            req.draft_produced += produced
+            self.stats.draft_accepted_total += produced - 1
+            self.ctx.seq_truncate(seq.seq_id, len(seq.tokens))
+        return produced
 
     def _add_prefill_chunks(
         self, to_sample: list[tuple[Request, int]]
@@ -466,6 +602,9 @@ class Engine:
             if req.generated > 1 and decode_s > 0
             else 0.0,
             "total_ms": round((end - req.enqueued_at) * 1000, 2),
+            "draft_tokens": req.drafted,
+            "draft_accepted": req.accepted,
+            "draft_acceptance": round(req.accepted / req.drafted, 3) if req.drafted else 0.0,
         }
         return Finished(
             text=req.assembler.text if req.assembler else "",
@@ -494,6 +633,9 @@ class Engine:
             "generated_tokens_total": s.generated_tokens_total,
             "restored_from_host_total": s.restored_from_host_total,
             "cancelled_total": s.cancelled_total,
+            "draft_tokens_total": s.draft_tokens_total,
+            "draft_accepted_total": s.draft_accepted_total,
+            "draft_step_cost": round(self.draft_step_cost, 3),
             "busy": 1 if self._active else 0,
             "sequences_total": self.config.sequences,
             "sequences_active": active,
@@ -505,6 +647,8 @@ class Engine:
             "kv_capacity_tokens": self.config.sequences * self.config.ctx_per_seq,
             "host_ram_bytes": table.host.used_bytes if table else 0,
             "host_ram_budget_bytes": self.config.host_ram_mib * 1024 * 1024,
+            # as llama.cpp reports it set the context up (None until loaded)
+            "kv_settings": vars(self.ctx.settings) if self.ctx else None,
             "reused_token_ratio": (s.cached_prompt_tokens_total / s.prompt_tokens_total)
             if s.prompt_tokens_total
             else 0.0,

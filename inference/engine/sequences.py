@@ -7,6 +7,8 @@ The table only keeps books; the KV cache itself is touched through a ``KvStore``
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import struct
 import time
 from collections import OrderedDict
@@ -64,11 +66,80 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return lo
 
 
-class HostStore:
-    """Idle sessions' KV in host RAM, least recently stored dropped first past ``budget_bytes``."""
+ABANDONED_AFTER_GAPS = 4  # a session not back within 4 of its usual gaps is presumed gone
+FORECAST_SESSIONS = 4096  # sessions whose turn gaps are remembered (oldest forgotten first)
 
-    def __init__(self, budget_bytes: int) -> None:
+
+class ReuseForecast:
+    """When each session is expected back, from the gaps between its own turns.
+
+    Time is counted in turns of the whole node (``note_turn`` per request), so a forecast means
+    "about N other turns from now". An agent session comes back after a gap of roughly the
+    number of sessions interleaved with it (its reuse distance), and keeps that rhythm; a
+    session not back within ``ABANDONED_AFTER_GAPS`` of its gaps is presumed gone. Evicting the
+    entry due back last is Belady's rule (L. A. Belady, "A study of replacement algorithms for a
+    virtual-storage computer", IBM Systems Journal 5(2), 1966) on this forecast: with sessions
+    taking turns round-robin it keeps a fixed set warm instead of dropping each entry just
+    before it is needed, which is what least-recently-used does.
+    """
+
+    def __init__(self) -> None:
+        self.tick = 0
+        self._last: OrderedDict[str, int] = OrderedDict()
+        self._gap: dict[str, float] = {}
+
+    def note_turn(self, session_id: str) -> None:
+        """A request of ``session_id`` starts now."""
+        self.tick += 1
+        last = self._last.pop(session_id, None)
+        if last is not None:
+            gap = float(self.tick - last)
+            before = self._gap.get(session_id)
+            self._gap[session_id] = gap if before is None else (before + gap) / 2
+        self._last[session_id] = self.tick
+        while len(self._last) > FORECAST_SESSIONS:
+            gone, _ = self._last.popitem(last=False)
+            self._gap.pop(gone, None)
+
+    def expect(self, session_id: str) -> None:
+        """``session_id`` is due now, with a typical gap: a session moved here from another
+        node (its state imported) whose next turn is about to come."""
+        gap = self.typical_gap()
+        self._last.pop(session_id, None)
+        self._last[session_id] = self.tick - int(gap)
+        self._gap[session_id] = gap
+
+    def due_in(self, session_id: str, typical: float | None = None) -> float:
+        """Turns until ``session_id`` is expected back (``inf`` when unknown or presumed gone).
+
+        A session seen once is given the median gap of the others (or the number of sessions
+        known, when no gap is); ``typical`` is that figure when the caller already has it."""
+        last = self._last.get(session_id)
+        if last is None:
+            return math.inf
+        gap = self._gap.get(session_id) or typical or self.typical_gap()
+        since = self.tick - last
+        if since > ABANDONED_AFTER_GAPS * gap:
+            return math.inf
+        return max(gap - since, 0.0)
+
+    def typical_gap(self) -> float:
+        """The median gap between turns of the sessions known (their count when none has one)."""
+        if self._gap:
+            return statistics.median(self._gap.values())
+        return float(max(1, len(self._last)))
+
+
+class HostStore:
+    """Idle sessions' KV in host RAM, within ``budget_bytes``.
+
+    Past the budget the entry due back last (``ReuseForecast.due_in``; the newcomer competes
+    too, and is refused when it is the one due last) is dropped; between equals the one stored
+    first goes. With no forecast fed, that is least-recently-stored first."""
+
+    def __init__(self, budget_bytes: int, forecast: ReuseForecast | None = None) -> None:
         self.budget_bytes = budget_bytes
+        self.forecast = forecast or ReuseForecast()
         self._entries: OrderedDict[str, HostEntry] = OrderedDict()
         self.used_bytes = 0
         self.dropped_total = 0
@@ -83,18 +154,46 @@ class HostStore:
         return self._entries.get(session_id)
 
     def put(self, session_id: str, entry: HostEntry) -> bool:
-        """Store ``entry``; returns False when it alone exceeds the budget (then nothing kept)."""
+        """Store ``entry``; returns False when it is not kept (larger than the whole budget, or
+        due back after the entries it would have to displace; then nothing else is dropped)."""
         self.drop(session_id)
-        if len(entry.blob) > self.budget_bytes:
+        size = len(entry.blob)
+        if size > self.budget_bytes:
             self.dropped_total += 1
             return False
-        while self.used_bytes + len(entry.blob) > self.budget_bytes:
-            _, oldest = self._entries.popitem(last=False)
-            self.used_bytes -= len(oldest.blob)
+        victims = self._victims(session_id, size)
+        if victims is None:
+            self.dropped_total += 1
+            return False
+        for victim in victims:
+            self.drop(victim)
             self.dropped_total += 1
         self._entries[session_id] = entry
-        self.used_bytes += len(entry.blob)
+        self.used_bytes += size
         return True
+
+    def _victims(self, newcomer: str, size: int) -> list[str] | None:
+        """The entries to drop so ``size`` more bytes fit, due-last first; None when the
+        newcomer itself would be due back after all of them (it is then not stored)."""
+        excess = self.used_bytes + size - self.budget_bytes
+        if excess <= 0:
+            return []
+        typical = self.forecast.typical_gap()
+        order = {sid: i for i, sid in enumerate(self._entries)}
+        order[newcomer] = len(order)
+
+        def due_last_first(sid: str) -> tuple[float, int]:
+            return (-self.forecast.due_in(sid, typical), order[sid])
+
+        victims: list[str] = []
+        for sid in sorted([*self._entries, newcomer], key=due_last_first):
+            if excess <= 0:
+                break
+            if sid == newcomer:
+                return None
+            victims.append(sid)
+            excess -= len(self._entries[sid].blob)
+        return victims
 
     def take(self, session_id: str) -> HostEntry | None:
         entry = self._entries.pop(session_id, None)
@@ -161,13 +260,18 @@ class SequenceTable:
             seq = self._free_sequence(prompt)
             if seq is None:
                 return None
+            # the session's own host entry leaves the store before the victim's enters it
+            entry = self.host.take(session_id) if session_id else None
+            self._spill_to_host(seq)
             seq.session_id = session_id
-            restored = self._restore_from_host(seq, session_id)
+            restored = self._restore(seq, entry)
         keep = self._reuse(seq, prompt) if self.prefix_reuse else 0
         self.kv.seq_truncate(seq.seq_id, keep)
         del seq.tokens[keep:]
         seq.busy = True
         seq.last_used = self.clock()
+        if session_id:
+            self.host.forecast.note_turn(session_id)
         return Assignment(sequence=seq, cached_tokens=keep, restored_from_host=restored)
 
     def _reuse(self, seq: Sequence, prompt: list[int]) -> int:
@@ -204,26 +308,25 @@ class SequenceTable:
         seq.last_used = self.clock()
 
     def _free_sequence(self, prompt: list[int]) -> Sequence | None:
+        """An idle sequence for a new owner: an unowned one holding the longest prefix of
+        ``prompt``, else the least recently used (its session is then spilled to host)."""
         unowned = [s for s in self.sequences if not s.busy and s.session_id is None]
         if unowned:
             return max(unowned, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
         idle = [s for s in self.sequences if not s.busy]
-        if not idle:
-            return None
-        victim = min(idle, key=lambda s: s.last_used)
-        self._spill_to_host(victim)
-        return victim
+        return min(idle, key=lambda s: s.last_used) if idle else None
 
     def _spill_to_host(self, seq: Sequence) -> None:
-        if seq.session_id is not None and seq.tokens:
+        if seq.session_id is None:
+            return  # unowned: its cells stay, as a prefix another prompt may share
+        if seq.tokens:
             blob = self.kv.state_export(seq.seq_id)
             self.host.put(seq.session_id, HostEntry(tokens=list(seq.tokens), blob=blob))
         self.kv.seq_truncate(seq.seq_id, 0)
         seq.tokens.clear()
         seq.session_id = None
 
-    def _restore_from_host(self, seq: Sequence, session_id: str | None) -> bool:
-        entry = self.host.take(session_id) if session_id else None
+    def _restore(self, seq: Sequence, entry: HostEntry | None) -> bool:
         if entry is None:
             return False
         self.kv.state_import(seq.seq_id, entry.blob)
@@ -263,8 +366,10 @@ class SequenceTable:
         return self.host.get(session_id)
 
     def import_(self, session_id: str, entry: HostEntry) -> bool:
-        """Place an exported state in host RAM; the session's next turn restores it."""
+        """Place an exported state in host RAM; the session's next turn restores it (it is
+        expected soon: a session is moved when its next turn is routed here)."""
         self.erase(session_id)
+        self.host.forecast.expect(session_id)
         return self.host.put(session_id, entry)
 
     def erase(self, session_id: str) -> bool:

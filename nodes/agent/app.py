@@ -183,6 +183,8 @@ class NodeApp:
                 "pid": os.getpid(),
                 "sequences_active": snap["sequences_active"],
                 "queue_depth": snap["queue_depth"],
+                "kv": snap["kv_settings"],
+                "host_ram_budget_bytes": snap["host_ram_budget_bytes"],
             },
             self.headers,
         )

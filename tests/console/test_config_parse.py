@@ -126,6 +126,10 @@ NODE = "pool:\n  nodes:\n    - {id: a, %s}\n"
             "line 3, pool.nodes[0].id: must be letters, digits, '-' or '_' (at most 64).",
         ),
         (
+            "pool:\n  nodes:\n    - id: |\n        n1\n",
+            "line 3, pool.nodes[0].id: must be letters, digits, '-' or '_' (at most 64).",
+        ),
+        (
             NODE % "address: nowhere",
             "line 3, pool.nodes[0].address: must be host:port, for example 127.0.0.1:9401.",
         ),

@@ -120,6 +120,7 @@ def _redis_up() -> bool:
 
 @pytest.mark.skipif(not _redis_up(), reason="no Redis on 127.0.0.1:6379 (set PHALANX_TEST_REDIS)")
 async def test_it_relays_events_from_another_process_through_redis(fake, token):
+    from channels.layers import get_channel_layer
     from channels_redis.core import RedisChannelLayer
 
     url = os.environ.get("PHALANX_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -131,16 +132,22 @@ async def test_it_relays_events_from_another_process_through_redis(fake, token):
         }
     }
     with override_settings(CHANNEL_LAYERS=layers):
-        communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}")
-        assert (await communicator.connect())[0]
-        await _next(communicator, "history")
         other_process = RedisChannelLayer(hosts=[url], prefix=prefix)
-        await other_process.group_send(LIVE_GROUP, {"type": "node.removed", "node_id": "gone"})
-        assert (await _next(communicator, "node_removed"))["node_id"] == "gone"
-        await sync_to_async(services.node_set_drained)(node_id="node-01", drained=True)
-        assert (await _next(communicator, "node"))["node"]["state"] == "draining"
-        await communicator.disconnect()
-        await other_process.flush()
+        communicator = WebsocketCommunicator(application, f"/ws/live/?token={token}")
+        try:
+            assert (await communicator.connect())[0]
+            await _next(communicator, "history")
+            await other_process.group_send(LIVE_GROUP, {"type": "node.removed", "node_id": "gone"})
+            assert (await _next(communicator, "node_removed"))["node_id"] == "gone"
+            await sync_to_async(services.node_set_drained)(node_id="node-01", drained=True)
+            assert (await _next(communicator, "node"))["node"]["state"] == "draining"
+        finally:
+            await communicator.disconnect()
+            await other_process.flush()
+            # close both layers' Redis connections on this loop: a receive still parked on
+            # one kept the test's event loop from closing (seen once in a full run)
+            await other_process.close_pools()
+            await get_channel_layer().close_pools()
 
 
 @pytest.fixture

@@ -108,6 +108,14 @@ def test_it_shows_every_page_to_a_viewer(login, node, path):
     assert not missing, f"{path} does not show {missing}: {text[:2000]}"
 
 
+def test_the_node_page_shows_the_host_ram_kept_for_idle_sessions(login, node):
+    assert "Host RAM for idle sessions —" in visible_text(login("viewer").get("/nodes/node-01/"))
+    node.last_seen_load = {"load": 0.1, "host_ram": 50 * 2**20, "host_ram_budget": 3 * 2**30}
+    node.save()
+    text = visible_text(login("viewer").get("/nodes/node-01/"))
+    assert "Host RAM for idle sessions 50.0 of 3072 MiB" in text
+
+
 def test_it_shows_nothing_to_a_user_without_a_role(login, node):
     assert login("nobody").get("/").status_code == 403
 

@@ -75,6 +75,18 @@ def test_it_builds_the_node_command_line(model_file):
         "--cpus",
         result.nodes[0].cpu_set,
     ]
+    budget = embedded.node_command(
+        result.nodes[0], model_path=model_file, package=result.package, host_ram_mib=3072
+    )
+    assert budget[-2:] == ["--host-ram-mib", "3072"]
+
+
+def test_the_default_host_ram_budget_is_a_share_of_free_memory_split_among_local_nodes():
+    from inference.engine.scheduler import default_host_ram_mib
+
+    assert default_host_ram_mib(24 << 30) == 6144  # a quarter of 24 GiB
+    assert default_host_ram_mib(24 << 30, nodes_on_machine=2) == 3072
+    assert default_host_ram_mib(512 << 20) == 256  # never under 256 MiB
 
 
 def test_it_stops_every_child():

@@ -46,3 +46,11 @@ def test_it_reads_the_load_of_a_node_that_labels_its_samples_with_its_id():
     )
     summary = load_from_metrics(parse_prometheus(text))
     assert summary["load"] == 0.75 and summary["active"] == 2 and summary["requests"] == 7
+
+
+def test_it_reads_the_host_ram_kept_for_idle_sessions():
+    summary = load_from_metrics(
+        {"phalanx_node_host_ram_bytes": 3 * 2**20, "phalanx_node_host_ram_budget_bytes": 2**30}
+    )
+    assert (summary["host_ram"], summary["host_ram_budget"]) == (3 * 2**20, 2**30)
+    assert load_from_metrics({})["host_ram_budget"] is None

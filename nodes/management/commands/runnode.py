@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
+import psutil
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.scheduler import Engine, EngineConfig
+from inference.engine.scheduler import Engine, EngineConfig, default_host_ram_mib
 from nodes.agent.app import NodeApp, NodeIdentity
 from nodes.agent.auth import CredentialCheck, NoCredential
 from nodes.agent.factory import chat_service_for
@@ -51,13 +52,31 @@ class Command(BaseCommand):
         parser.add_argument("--ctx-per-seq", type=int, default=2048)
         parser.add_argument("--n-batch", type=int, default=512)
         parser.add_argument("--prefill-chunk", type=int, default=256)
-        parser.add_argument("--host-ram-mib", type=int, default=256)
+        parser.add_argument(
+            "--host-ram-mib",
+            type=int,
+            default=None,
+            help="host RAM (MiB) for idle sessions' KV; default: a quarter of the memory "
+            "available at start, at least 256",
+        )
         parser.add_argument("--max-queue", type=int, default=64)
         parser.add_argument(
             "--kv-unified",
             choices=["auto", "on", "off"],
             default="auto",
             help="one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
+        )
+        parser.add_argument(
+            "--kv-type",
+            choices=["f16", "q8_0"],
+            default="f16",
+            help="K and V cache type; q8_0 halves the bytes (and needs flash attention)",
+        )
+        parser.add_argument(
+            "--flash-attn",
+            choices=["auto", "on", "off"],
+            default="auto",
+            help="llama.cpp's flash attention; auto: llama.cpp decides",
         )
         parser.add_argument(
             "--array-id",
@@ -88,6 +107,11 @@ class Command(BaseCommand):
             credentials = CredentialCheck.from_environment(o["credential_file"])
         except NoCredential as exc:
             raise CommandError(str(exc)) from exc
+        if o["kv_type"] != "f16" and o["flash_attn"] == "off":
+            raise CommandError(
+                f"--kv-type {o['kv_type']} needs flash attention (llama.cpp quantizes the V "
+                "cache only with it): use --flash-attn auto or on"
+            )
         if o["cpus"]:
             os.sched_setaffinity(0, parse_cpu_set(o["cpus"]))
         config = EngineConfig(
@@ -97,10 +121,13 @@ class Command(BaseCommand):
             n_batch=o["n_batch"],
             prefill_chunk=o["prefill_chunk"],
             threads=o["threads"],
-            host_ram_mib=o["host_ram_mib"],
+            host_ram_mib=o["host_ram_mib"]
+            or default_host_ram_mib(psutil.virtual_memory().available),
             max_queue=o["max_queue"],
             prefix_reuse=not o["no_prefix_reuse"],
             kv_unified=kv_unified_for(o["kv_unified"], o["ctx_per_seq"]),
+            kv_type=o["kv_type"],
+            flash_attn=o["flash_attn"],
         )
         package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
         engine = Engine(config)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import signal
 import time
 
+import psutil
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.engine.scheduler import default_host_ram_mib
 from nodes.client import probe
 from nodes.control import ControlLoop
 from nodes.embedded import (
@@ -83,10 +85,19 @@ class Command(BaseCommand):
         try:
             supervisor.start("control plane", control_plane_command(port=port, host=host))
             supervisor.start("control loop", control_loop_command())
+            # the nodes share this machine's memory: each gets its part of the default share
+            budget = default_host_ram_mib(
+                psutil.virtual_memory().available, nodes_on_machine=len(result.nodes)
+            )
             for node in result.nodes:
                 supervisor.start(
                     node.node_id,
-                    node_command(node, model_path=result.model_path, package=result.package),
+                    node_command(
+                        node,
+                        model_path=result.model_path,
+                        package=result.package,
+                        host_ram_mib=budget,
+                    ),
                     env=node_environment(node),
                 )
             ready = wait_for_port(host, port, timeout=60)
