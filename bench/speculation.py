@@ -1,6 +1,7 @@
 """Prompt-lookup drafting on and off, same engine settings, in one run.
 
-Two engines with the bundled model (``draft_batch_limit`` 16 and 0), measured one at a time,
+Two engines with the bundled model (``speculate`` "on" and "off"; "auto", the default,
+drafts only where the step cost measured at load says it pays, printed as ``draft_step_cost``), measured one at a time,
 alternating which goes first. Workloads, greedy, 64 tokens each: ``agent`` (the model repeats
 a tool call and a tool result it was given, as agents echo names, arguments and results) and
 ``prose`` (a short poem: little to look up), at 1 and 8 concurrent requests. Prints decode
@@ -33,14 +34,14 @@ WORKLOADS = {
 }
 
 
-def start(limit: int, threads: int) -> Engine:
+def start(speculate: str, threads: int) -> Engine:
     engine = Engine(
         EngineConfig(
             model_path=str(bundled_model_path()),
             sequences=8,
             ctx_per_seq=1024,
             threads=threads,
-            draft_batch_limit=limit,
+            speculate=speculate,
         )
     )
     engine.start()
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
-    sides = {"drafting": start(16, args.threads), "plain": start(0, args.threads)}
+    sides = {"drafting": start("on", args.threads), "plain": start("off", args.threads)}
     results: dict = {}
     try:
         for workload in WORKLOADS:
@@ -107,6 +108,7 @@ def main() -> None:
                     "same_text": texts["drafting"] == texts["plain"],
                 }
     finally:
+        step_cost = round(sides["drafting"].draft_step_cost, 2)
         for engine in sides.values():
             engine.stop()
     for key, r in results.items():
@@ -118,6 +120,7 @@ def main() -> None:
         {
             "bench": "speculation",
             "quick": args.quick,
+            "draft_step_cost": step_cost,
             **results,
             "ratio": round(
                 results["agent_1"]["drafting_tok_s"] / results["agent_1"]["plain_tok_s"], 2

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 SHARE_WAIT_MIN_TOKENS = 64
 # A request whose drafts stopped paying tries again after this many steps without drafting.
 REPROBE_AFTER_STEPS = 16
+# Under speculate "auto" a node drafts only when decoding 1 + MAX_DRAFT tokens of a sequence
+# costs at most this many one-token steps: a draft accepted half the time then pays.
+DRAFT_MAX_STEP_COST = 1 + MAX_DRAFT / 2
 
 
 HOST_RAM_SHARE = 0.25  # of the memory available when the node starts, for idle sessions' KV
@@ -68,9 +71,12 @@ class EngineConfig:
     kv_unified: bool = False
     kv_type: str = "f16"  # K and V cache type: "f16" or "q8_0" (llama.KV_TYPES)
     flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.FLASH_ATTN)
-    # prompt-lookup drafts (inference.engine.speculation) while at most this many tokens a
-    # step decode (the request's own plus drafts); 0 turns drafting off
-    draft_batch_limit: int = 16
+    # speculative decoding by prompt lookup (inference.engine.speculation): "auto" drafts when
+    # the step cost measured at load says a draft accepted half the time pays, and then only
+    # for requests whose drafts pay; "on" always drafts; "off" never
+    speculate: str = "auto"
+    # drafts only while a step decodes at most this many tokens (requests' own plus drafts)
+    draft_batch_limit: int = 8
 
 
 class QueueFull(RuntimeError):
@@ -211,7 +217,8 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.kv_bytes_per_token = 0
-        self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load (drafting on)
+        self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
+        self.drafting = False  # decided at load
 
     # Public API (any thread) ------------------------------------------------------------
 
@@ -306,8 +313,12 @@ class Engine:
         host = HostStore(cfg.host_ram_mib * 1024 * 1024)
         self.table = SequenceTable(self.ctx, cfg.sequences, host, prefix_reuse=cfg.prefix_reuse)
         self.kv_bytes_per_token = self.model.kv_bytes_per_token(cfg.kv_type)
-        if cfg.draft_batch_limit:
+        if cfg.speculate != "off" and cfg.draft_batch_limit:
             self.draft_step_cost = self._measure_draft_step_cost()
+        self.drafting = cfg.draft_batch_limit > 0 and (
+            cfg.speculate == "on"
+            or (cfg.speculate == "auto" and self.draft_step_cost <= DRAFT_MAX_STEP_COST)
+        )
 
     def _measure_draft_step_cost(self, repeats: int = 3) -> float:
         """Seconds to decode ``1 + MAX_DRAFT`` tokens of one sequence over seconds for one
@@ -472,8 +483,10 @@ class Engine:
         """Prompt-lookup drafts for this step, by request id, while the step decodes at most
         ``draft_batch_limit`` tokens (drafting pays while a step is bound by reading the
         weights, not by arithmetic: a few sequences, not a full batch)."""
-        room = min(self.config.draft_batch_limit, self.ctx.batch.capacity) - len(decoding)
         drafts: dict[int, list[int]] = {}
+        if not self.drafting:
+            return drafts
+        room = min(self.config.draft_batch_limit, self.ctx.batch.capacity) - len(decoding)
         for req in decoding:
             if room <= 0:
                 break
@@ -493,9 +506,10 @@ class Engine:
         return drafts
 
     def _may_draft(self, req: Request, draft_len: int) -> bool:
-        """``draft_pays`` for ``req``; a request whose drafts stopped paying is probed afresh
-        after ``REPROBE_AFTER_STEPS`` steps (its output may turn from prose to echoed JSON)."""
-        if draft_pays(
+        """``draft_pays`` for ``req`` (always True under speculate "on"); a request whose drafts
+        stopped paying is probed afresh after ``REPROBE_AFTER_STEPS`` steps (its output may turn
+        from prose to echoed JSON)."""
+        if self.config.speculate == "on" or draft_pays(
             produced=req.draft_produced,
             steps=req.draft_steps,
             draft_len=draft_len,
@@ -636,6 +650,7 @@ class Engine:
             "draft_tokens_total": s.draft_tokens_total,
             "draft_accepted_total": s.draft_accepted_total,
             "draft_step_cost": round(self.draft_step_cost, 3),
+            "drafting": self.drafting,
             "busy": 1 if self._active else 0,
             "sequences_total": self.config.sequences,
             "sequences_active": active,

@@ -76,7 +76,15 @@ class Command(BaseCommand):
             "--flash-attn",
             choices=["auto", "on", "off"],
             default="auto",
-            help="llama.cpp's flash attention; auto: llama.cpp decides",
+            help="llama.cpp's flash attention; auto: on (off decodes faster on these CPUs but a "
+            "reused prefix may then change near-tie tokens; docs/engine.md)",
+        )
+        parser.add_argument(
+            "--speculate",
+            choices=["auto", "on", "off"],
+            default="auto",
+            help="speculative decoding by prompt lookup; auto: when the step cost measured at "
+            "load says it pays",
         )
         parser.add_argument(
             "--array-id",
@@ -128,6 +136,7 @@ class Command(BaseCommand):
             kv_unified=kv_unified_for(o["kv_unified"], o["ctx_per_seq"]),
             kv_type=o["kv_type"],
             flash_attn=o["flash_attn"],
+            speculate=o["speculate"],
         )
         package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
         engine = Engine(config)

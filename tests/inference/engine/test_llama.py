@@ -34,6 +34,7 @@ def filled(model, **settings) -> LlamaContext:
         ({"kv_type": "f16", "flash_attn": "on"}, "enabled", "f16"),
         ({"kv_type": "q8_0", "flash_attn": "on"}, "enabled", "q8_0"),
         ({"kv_type": "q8_0", "flash_attn": "auto"}, "enabled", "q8_0"),
+        ({"kv_type": "f16", "flash_attn": "auto"}, "enabled", "f16"),
     ],
 )
 def test_kv_type_and_flash_attention_reach_the_context(model, settings, flash, kv) -> None:

@@ -21,7 +21,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engines():
-    plain, drafting = make_engine(draft_batch_limit=0), make_engine(draft_batch_limit=16)
+    plain, drafting = make_engine(speculate="off"), make_engine(speculate="on")
     yield EngineDriver(plain), EngineDriver(drafting)
     plain.stop()
     drafting.stop()
@@ -43,6 +43,19 @@ def test_drafting_changes_no_token(engines, params) -> None:
     assert drafted > 0 and accepted > 0, (drafted, accepted)
     snap = drafting.engine.snapshot()
     assert snap["draft_tokens_total"] >= drafted and snap["draft_accepted_total"] >= accepted
+    assert snap["drafting"] and not plain.engine.snapshot()["drafting"]
+
+
+def test_auto_drafts_only_where_the_measured_step_cost_says_it_pays() -> None:
+    from inference.engine.scheduler import DRAFT_MAX_STEP_COST
+
+    engine = make_engine(speculate="auto", sequences=2)
+    try:
+        snap = engine.snapshot()
+        assert snap["draft_step_cost"] > 1.0  # measured: seven tokens cost more than one
+        assert snap["drafting"] == (snap["draft_step_cost"] <= DRAFT_MAX_STEP_COST)
+    finally:
+        engine.stop()
 
 
 def test_a_session_s_kv_after_drafting_is_exactly_its_tokens(engines) -> None:
