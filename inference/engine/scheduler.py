@@ -141,6 +141,7 @@ class Request:
     draft_produced: int = 0  # tokens those steps generated (1 + accepted each)
     draft_skips: int = 0  # steps it did not draft because drafting did not pay
     enqueued_at: float = field(default_factory=time.perf_counter)
+    kv_swap_s: float = 0.0  # acquiring its sequence: spilling a victim, restoring from host
     admitted_at: float = 0.0
     first_token_at: float = 0.0
 
@@ -401,9 +402,11 @@ class Engine:
                 continue  # a session's turns run one at a time, in order
             if self._prefix_arriving(req):
                 continue  # another request is prefilling the same prefix: share it when done
+            began = time.perf_counter()
             assignment = self.table.acquire(req.session_id, req.prompt)
             if assignment is None:
                 break  # every sequence is busy
+            req.kv_swap_s = time.perf_counter() - began  # victim copied out, session copied in
             with self._wake:
                 self._queue.remove(req)
             self._start(req, assignment.sequence, assignment.cached_tokens)
@@ -612,6 +615,10 @@ class Engine:
             "cached_tokens": req.cached_tokens,
             "prefill_tokens": len(req.prompt) - req.cached_tokens,
             "ttft_ms": round((first - req.enqueued_at) * 1000, 2),
+            # where the time to first token went: waiting for a sequence (queue_ms, which
+            # includes kv_swap_ms), then prefilling beside other requests' steps (prefill_ms)
+            "kv_swap_ms": round(req.kv_swap_s * 1000, 2),
+            "prefill_ms": round((first - req.admitted_at) * 1000, 2) if req.admitted_at else 0.0,
             "decode_tokens_per_s": round((req.generated - 1) / decode_s, 2)
             if req.generated > 1 and decode_s > 0
             else 0.0,

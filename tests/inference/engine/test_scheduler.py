@@ -230,3 +230,23 @@ def test_it_shares_prefixes_in_a_unified_kv_cache_too() -> None:
         assert third.cached_tokens > first.prompt_tokens - 2
     finally:
         engine.stop()
+
+
+def test_the_timings_split_the_time_to_first_token() -> None:
+    engine = make_engine(sequences=1, host_ram_mib=32)
+    try:
+        d = EngineDriver(engine)
+        first = user("What is the largest planet?")
+        d.chat(first, session="split-a")
+        d.chat(user("Unrelated question."), session="split-b")  # split-a goes to host RAM
+        back = d.chat(
+            [*first, {"role": "assistant", "content": "Jupiter."}, *user("Why?")], session="split-a"
+        )
+        t = back.timings
+        assert engine.stats.restored_from_host_total == 1
+        assert t["kv_swap_ms"] > 0  # split-b copied out, split-a copied back in
+        assert t["queue_ms"] >= t["kv_swap_ms"]
+        assert t["ttft_ms"] == pytest.approx(t["queue_ms"] + t["prefill_ms"], abs=0.05)
+        assert t["prefill_ms"] > 0
+    finally:
+        engine.stop()
