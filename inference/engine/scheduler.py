@@ -312,7 +312,13 @@ class Engine:
         )
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024)
-        self.table = SequenceTable(self.ctx, cfg.sequences, host, prefix_reuse=cfg.prefix_reuse)
+        self.table = SequenceTable(
+            self.ctx,
+            cfg.sequences,
+            host,
+            prefix_reuse=cfg.prefix_reuse,
+            prefill_speed=lambda: self.stats.prefill_speed.value,
+        )
         self.kv_bytes_per_token = self.model.kv_bytes_per_token(cfg.kv_type)
         if cfg.speculate != "off" and cfg.draft_batch_limit:
             self.draft_step_cost = self._measure_draft_step_cost()
@@ -656,6 +662,7 @@ class Engine:
             "cancelled_total": s.cancelled_total,
             "draft_tokens_total": s.draft_tokens_total,
             "draft_accepted_total": s.draft_accepted_total,
+            "restores_skipped_total": table.restores_skipped if table else 0,
             "draft_step_cost": round(self.draft_step_cost, 3),
             "drafting": self.drafting,
             "busy": 1 if self._active else 0,

@@ -229,12 +229,16 @@ class SequenceTable:
         *,
         prefix_reuse: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        prefill_speed: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.kv = kv
         self.sequences = [Sequence(seq_id=i) for i in range(count)]
         self.host = host
         self.prefix_reuse = prefix_reuse
         self.clock = clock
+        self.prefill_speed = prefill_speed  # prompt tokens/s the engine prefills at (0: unknown)
+        self.restore_speed = 0.0  # bytes/s copied back from host RAM (moving average; 0: unknown)
+        self.restores_skipped = 0
 
     def resident(self, session_id: str) -> Sequence | None:
         for seq in self.sequences:
@@ -264,6 +268,9 @@ class SequenceTable:
             entry = self.host.take(session_id) if session_id else None
             self._spill_to_host(seq)
             seq.session_id = session_id
+            if entry is not None and not self._restore_pays(entry, prompt):
+                self.restores_skipped += 1
+                entry = None
             restored = self._restore(seq, entry)
         keep = self._reuse(seq, prompt) if self.prefix_reuse else 0
         self.kv.seq_truncate(seq.seq_id, keep)
@@ -326,10 +333,29 @@ class SequenceTable:
         seq.tokens.clear()
         seq.session_id = None
 
+    def _restore_pays(self, entry: HostEntry, prompt: list[int]) -> bool:
+        """Whether copying ``entry`` back beats prefilling what of it ``prompt`` can use: its
+        bytes at the measured restore speed against the usable prefix at the measured prefill
+        speed. Unmeasured speeds restore (optimistic); nothing usable never does."""
+        usable = min(common_prefix_len(entry.tokens, prompt), len(prompt) - 1)
+        if usable <= 0:
+            return False
+        prefill_speed = self.prefill_speed()
+        if not self.restore_speed or not prefill_speed:
+            return True
+        return len(entry.blob) / self.restore_speed < usable / prefill_speed
+
     def _restore(self, seq: Sequence, entry: HostEntry | None) -> bool:
         if entry is None:
             return False
+        began = time.perf_counter()
         self.kv.state_import(seq.seq_id, entry.blob)
+        elapsed = time.perf_counter() - began
+        if elapsed > 0:
+            speed = len(entry.blob) / elapsed
+            self.restore_speed = (
+                speed if not self.restore_speed else 0.8 * self.restore_speed + 0.2 * speed
+            )
         seq.tokens[:] = entry.tokens
         return True
 

@@ -37,6 +37,12 @@ _SERIES = [
         "Sessions whose KV was copied back from host RAM.",
     ),
     (
+        "restores_skipped_total",
+        "phalanx_node_restores_skipped_total",
+        "counter",
+        "Host-RAM entries dropped instead of restored (a re-prefill was cheaper).",
+    ),
+    (
         "cancelled_total",
         "phalanx_node_cancelled_total",
         "counter",

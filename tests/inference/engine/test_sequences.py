@@ -212,3 +212,38 @@ def test_an_imported_session_is_expected_soon_and_kept() -> None:
             seqs.release(got.sequence)
     assert seqs.import_("moved", HostEntry(tokens=[9, 9], blob=b"y" * 100))
     assert "moved" in host and host.used_bytes <= 300
+
+
+def spilled_table(prefill_speed: float) -> tuple[SequenceTable, list[int]]:
+    """One sequence; session "a" (prompt ``[1..8]``) spilled to host by "b"."""
+    seqs = SequenceTable(FakeKv(100), 1, HostStore(10_000), prefill_speed=lambda: prefill_speed)
+    first = list(range(1, 9))
+    got = seqs.acquire("a", first)
+    got.sequence.tokens[:] = first
+    seqs.release(got.sequence)
+    got = seqs.acquire("b", [50, 51])
+    got.sequence.tokens[:] = [50, 51]
+    seqs.release(got.sequence)
+    assert "a" in seqs.host
+    return seqs, first
+
+
+def test_a_restore_happens_while_it_beats_prefilling_what_it_holds() -> None:
+    seqs, first = spilled_table(prefill_speed=1000.0)
+    seqs.restore_speed = 1e9  # 100 bytes in 0.1 us against 8 tokens in 8 ms
+    got = seqs.acquire("a", [*first, 9])
+    assert got.restored_from_host and got.cached_tokens == 8 and seqs.restores_skipped == 0
+
+
+def test_a_restore_slower_than_a_prefill_is_skipped() -> None:
+    seqs, first = spilled_table(prefill_speed=1e9)
+    seqs.restore_speed = 1.0  # 100 bytes in 100 s against 8 tokens in no time
+    got = seqs.acquire("a", [*first, 9])
+    assert not got.restored_from_host and got.cached_tokens == 0
+    assert seqs.restores_skipped == 1 and "a" not in seqs.host
+
+
+def test_a_restore_nothing_of_which_the_prompt_uses_is_skipped() -> None:
+    seqs, _ = spilled_table(prefill_speed=0.0)  # speeds unknown: restores are optimistic ...
+    got = seqs.acquire("a", [99, 98, 97])  # ... but this prompt shares nothing with it
+    assert not got.restored_from_host and seqs.restores_skipped == 1
