@@ -43,18 +43,6 @@ def draft_tokens(
     return []
 
 
-def accepted_prefix(draft: Sequence[int], chosen: Sequence[int]) -> int:
-    """How many leading draft tokens the model confirmed: ``chosen[k]`` is the token the model
-    picked after the request's token and ``draft[:k]``; draft token ``k`` stands while it equals
-    ``chosen[k]``."""
-    count = 0
-    for proposed, picked in zip(draft, chosen, strict=False):
-        if proposed != picked:
-            break
-        count += 1
-    return count
-
-
 def draft_pays(*, produced: int, steps: int, draft_len: int, step_cost: float) -> bool:
     """Whether a request should draft ``draft_len`` tokens this step.
 

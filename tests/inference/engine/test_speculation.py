@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.engine.speculation import accepted_prefix, draft_tokens
+from inference.engine.speculation import draft_tokens
 
 
 def test_it_drafts_what_followed_the_latest_occurrence_of_the_longest_suffix() -> None:
@@ -29,13 +29,6 @@ def test_the_draft_is_bounded() -> None:
     context = list(range(100)) + [0, 1]
     assert draft_tokens(context, max_draft=6) == [2, 3, 4, 5, 6, 7]
     assert len(draft_tokens(list(range(10)) * 3)) == 6
-
-
-def test_the_accepted_prefix_stops_at_the_first_disagreement() -> None:
-    assert accepted_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert accepted_prefix([1, 2, 3], [1, 9, 3, 4]) == 1
-    assert accepted_prefix([1, 2], [8, 2, 3]) == 0
-    assert accepted_prefix([], [5]) == 0
 
 
 def test_a_request_drafts_while_its_yield_beats_the_measured_cost() -> None:
