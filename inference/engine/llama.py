@@ -55,7 +55,7 @@ FLASH_ATTN = {
 }
 
 
-def flash_attn_for(choice: str, kv_type: str) -> str:
+def flash_attn_for(choice: str) -> str:
     """``on`` / ``off`` for a ``--flash-attn`` choice; ``auto`` is on (what llama.cpp's own
     ``auto`` picks on these CPUs). Off decodes 1.45-1.76x faster here at agent context lengths
     (``bench/kv_settings.py``), but then a prompt whose prefix came from the KV cache is
@@ -63,7 +63,6 @@ def flash_attn_for(choice: str, kv_type: str) -> str:
     flash attention on, reused, restored and freshly prefilled prefixes give the same text (the
     tests rely on it), so speed is the operator's explicit choice. A quantized cache needs it
     on (llama.cpp quantizes V only with flash attention)."""
-    del kv_type  # every cache type takes flash attention; only f16 runs without it
     return "on" if choice == "auto" else choice
 
 
@@ -235,7 +234,7 @@ class LlamaContext:
         # short sequences, slower for long agent sessions (docs/engine.md has the figures).
         params.kv_unified = shape.kv_unified
         params.type_k = params.type_v = KV_TYPES[shape.kv_type]
-        params.flash_attn_type = FLASH_ATTN[flash_attn_for(shape.flash_attn, shape.kv_type)]
+        params.flash_attn_type = FLASH_ATTN[flash_attn_for(shape.flash_attn)]
         params.no_perf = True
         self.model = model
         self.shape = shape

@@ -35,6 +35,65 @@ def kv_unified_for(choice: str, ctx_per_seq: int) -> bool:
 UNIFIED_KV_MAX_CTX = 1024
 
 
+# The engine's llama.cpp settings a node takes as a choice: (flag, choices, default, help).
+ENGINE_CHOICES = [
+    (
+        "--kv-unified",
+        ["auto", "on", "off"],
+        "auto",
+        "one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
+    ),
+    (
+        "--kv-type",
+        ["f16", "q8_0"],
+        "f16",
+        "K and V cache type; q8_0 halves the bytes (and needs flash attention)",
+    ),
+    (
+        "--flash-attn",
+        ["auto", "on", "off"],
+        "auto",
+        "llama.cpp's flash attention; auto: on (off decodes faster on these CPUs but a reused "
+        "prefix may then change near-tie tokens; docs/engine.md)",
+    ),
+    (
+        "--speculate",
+        ["auto", "on", "off"],
+        "auto",
+        "speculative decoding by prompt lookup; auto: when the step cost measured at load "
+        "says it pays",
+    ),
+]
+
+
+def engine_config(o: dict) -> EngineConfig:
+    """The ``EngineConfig`` for runnode's parsed options ``o``; ``CommandError`` for a
+    combination llama.cpp refuses. ``--host-ram-mib`` unset: ``default_host_ram_mib``."""
+    if o["kv_type"] != "f16" and o["flash_attn"] == "off":
+        raise CommandError(
+            f"--kv-type {o['kv_type']} needs flash attention (llama.cpp quantizes the V "
+            "cache only with it): use --flash-attn auto or on"
+        )
+    host_ram_mib = o["host_ram_mib"]
+    if host_ram_mib is None:
+        host_ram_mib = default_host_ram_mib(psutil.virtual_memory().available)
+    return EngineConfig(
+        model_path=o["model"],
+        sequences=o["sequences"],
+        ctx_per_seq=o["ctx_per_seq"],
+        n_batch=o["n_batch"],
+        prefill_chunk=o["prefill_chunk"],
+        threads=o["threads"],
+        host_ram_mib=host_ram_mib,
+        max_queue=o["max_queue"],
+        prefix_reuse=not o["no_prefix_reuse"],
+        kv_unified=kv_unified_for(o["kv_unified"], o["ctx_per_seq"]),
+        kv_type=o["kv_type"],
+        flash_attn=o["flash_attn"],
+        speculate=o["speculate"],
+    )
+
+
 class Command(BaseCommand):
     help = "Run a node agent: load a GGUF package into the engine and serve the node protocol."
 
@@ -60,32 +119,8 @@ class Command(BaseCommand):
             "available at start, at least 256",
         )
         parser.add_argument("--max-queue", type=int, default=64)
-        parser.add_argument(
-            "--kv-unified",
-            choices=["auto", "on", "off"],
-            default="auto",
-            help="one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
-        )
-        parser.add_argument(
-            "--kv-type",
-            choices=["f16", "q8_0"],
-            default="f16",
-            help="K and V cache type; q8_0 halves the bytes (and needs flash attention)",
-        )
-        parser.add_argument(
-            "--flash-attn",
-            choices=["auto", "on", "off"],
-            default="auto",
-            help="llama.cpp's flash attention; auto: on (off decodes faster on these CPUs but a "
-            "reused prefix may then change near-tie tokens; docs/engine.md)",
-        )
-        parser.add_argument(
-            "--speculate",
-            choices=["auto", "on", "off"],
-            default="auto",
-            help="speculative decoding by prompt lookup; auto: when the step cost measured at "
-            "load says it pays",
-        )
+        for flag, choices, default, help_text in ENGINE_CHOICES:
+            parser.add_argument(flag, choices=choices, default=default, help=help_text)
         parser.add_argument(
             "--array-id",
             default=os.environ.get("PHALANX_ARRAY_ID", ""),
@@ -115,29 +150,9 @@ class Command(BaseCommand):
             credentials = CredentialCheck.from_environment(o["credential_file"])
         except NoCredential as exc:
             raise CommandError(str(exc)) from exc
-        if o["kv_type"] != "f16" and o["flash_attn"] == "off":
-            raise CommandError(
-                f"--kv-type {o['kv_type']} needs flash attention (llama.cpp quantizes the V "
-                "cache only with it): use --flash-attn auto or on"
-            )
         if o["cpus"]:
             os.sched_setaffinity(0, parse_cpu_set(o["cpus"]))
-        config = EngineConfig(
-            model_path=o["model"],
-            sequences=o["sequences"],
-            ctx_per_seq=o["ctx_per_seq"],
-            n_batch=o["n_batch"],
-            prefill_chunk=o["prefill_chunk"],
-            threads=o["threads"],
-            host_ram_mib=o["host_ram_mib"]
-            or default_host_ram_mib(psutil.virtual_memory().available),
-            max_queue=o["max_queue"],
-            prefix_reuse=not o["no_prefix_reuse"],
-            kv_unified=kv_unified_for(o["kv_unified"], o["ctx_per_seq"]),
-            kv_type=o["kv_type"],
-            flash_attn=o["flash_attn"],
-            speculate=o["speculate"],
-        )
+        config = engine_config(o)
         package = o["package"] or os.path.splitext(os.path.basename(o["model"]))[0]
         engine = Engine(config)
         engine.start()

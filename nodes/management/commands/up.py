@@ -41,6 +41,22 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop()
 
 
+def _start_nodes(supervisor: Supervisor, result) -> None:
+    """Start a node agent for each node of ``result`` (``array_bootstrap``'s). The nodes share
+    this machine's memory: each gets its part of the default host-RAM share."""
+    budget = default_host_ram_mib(
+        psutil.virtual_memory().available, nodes_on_machine=len(result.nodes)
+    )
+    for node in result.nodes:
+        supervisor.start(
+            node.node_id,
+            node_command(
+                node, model_path=result.model_path, package=result.package, host_ram_mib=budget
+            ),
+            env=node_environment(node),
+        )
+
+
 class Command(BaseCommand):
     help = "Start the control plane, the control loop and N local node agents; Ctrl-C stops all."
 
@@ -85,21 +101,7 @@ class Command(BaseCommand):
         try:
             supervisor.start("control plane", control_plane_command(port=port, host=host))
             supervisor.start("control loop", control_loop_command())
-            # the nodes share this machine's memory: each gets its part of the default share
-            budget = default_host_ram_mib(
-                psutil.virtual_memory().available, nodes_on_machine=len(result.nodes)
-            )
-            for node in result.nodes:
-                supervisor.start(
-                    node.node_id,
-                    node_command(
-                        node,
-                        model_path=result.model_path,
-                        package=result.package,
-                        host_ram_mib=budget,
-                    ),
-                    env=node_environment(node),
-                )
+            _start_nodes(supervisor, result)
             ready = wait_for_port(host, port, timeout=60)
             self._wait_for_nodes(result.nodes, supervisor)
             for line in describe(result):
