@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.engine import kv_blob
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
 from inference.engine.sampling import Sampler, SamplingParams
 from inference.engine.sequences import HostStore, Sequence, SequenceTable, common_prefix_len
@@ -311,7 +312,7 @@ class Engine:
             flash_attn=cfg.flash_attn,
         )
         self.ctx = LlamaContext(self.model, shape)
-        host = HostStore(cfg.host_ram_mib * 1024 * 1024)
+        host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
         self.table = SequenceTable(
             self.ctx,
             cfg.sequences,
@@ -675,6 +676,8 @@ class Engine:
             "kv_used_bytes": kv_tokens * self.kv_bytes_per_token,
             "kv_capacity_tokens": self.config.sequences * self.config.ctx_per_seq,
             "host_ram_bytes": table.host.used_bytes if table else 0,
+            "host_ram_shared_saved_bytes": table.host.shared_bytes_saved if table else 0,
+            "host_prefixes": len(table.host.prefixes) if table else 0,
             "host_ram_budget_bytes": self.config.host_ram_mib * 1024 * 1024,
             # as llama.cpp reports it set the context up (None until loaded)
             "kv_settings": vars(self.ctx.settings) if self.ctx else None,

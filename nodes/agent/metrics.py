@@ -78,6 +78,13 @@ _SERIES = [
         "Bytes of idle sessions' KV in host RAM.",
     ),
     (
+        "host_ram_shared_saved_bytes",
+        "phalanx_node_host_ram_shared_saved_bytes",
+        "gauge",
+        "Bytes of host RAM not spent twice: prefixes idle sessions share, kept once.",
+    ),
+    ("host_prefixes", "phalanx_node_host_prefixes", "gauge", "Shared prefixes kept in host RAM."),
+    (
         "host_ram_budget_bytes",
         "phalanx_node_host_ram_budget_bytes",
         "gauge",

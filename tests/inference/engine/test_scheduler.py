@@ -140,6 +140,33 @@ def test_it_round_trips_idle_kv_through_host_ram() -> None:
         engine.stop()
 
 
+def test_sessions_spilled_to_host_keep_their_system_prompt_once() -> None:
+    system = {"role": "system", "content": "You are a terse agent. Tools: " + "lookup, " * 40}
+
+    def first(text: str) -> list[dict]:
+        return [system, *user(text)]
+
+    engine = make_engine(sequences=1, host_ram_mib=32)
+    try:
+        d = EngineDriver(engine)
+        answer = d.chat(first("Name a planet."), session="a").text
+        d.chat(first("Name a river."), session="b")
+        d.chat(first("Name a city."), session="c")  # a and b are in host RAM now
+        snap = engine.snapshot()
+        assert snap["host_prefixes"] == 1 and snap["sequences_host"] == 2
+        assert snap["host_ram_shared_saved_bytes"] > 0
+        history = first("Name a planet.") + [{"role": "assistant", "content": answer}]
+        history += user("Another one?")
+        restored = d.chat(history, session="a")
+        assert engine.stats.restored_from_host_total == 1
+        assert restored.cached_tokens >= len(d.tokens([system]))
+        engine.clear_cache().result(10)
+        d.chat(first("Name a planet."), session="fresh")
+        assert restored.text == d.chat(history, session="fresh").text
+    finally:
+        engine.stop()
+
+
 def test_it_drops_past_the_host_budget_and_prefills_again() -> None:
     engine = make_engine(sequences=1, host_ram_mib=0)
     try:

@@ -247,3 +247,88 @@ def test_a_restore_nothing_of_which_the_prompt_uses_is_skipped() -> None:
     seqs, _ = spilled_table(prefill_speed=0.0)  # speeds unknown: restores are optimistic ...
     got = seqs.acquire("a", [99, 98, 97])  # ... but this prompt shares nothing with it
     assert not got.restored_from_host and seqs.restores_skipped == 1
+
+
+class CellsCodec:
+    """A state is one byte per token, the token's value: split and join are cut and paste."""
+
+    @staticmethod
+    def split(blob: bytes, position: int) -> tuple[bytes, bytes]:
+        return blob[:position], blob[position:]
+
+    @staticmethod
+    def join(prefix: bytes, suffix: bytes) -> bytes:
+        return prefix + suffix
+
+
+def cells(tokens: list[int]) -> HostEntry:
+    return HostEntry(tokens=tokens, blob=bytes(tokens))
+
+
+SYSTEM = [t % 200 for t in range(40)]  # a system prompt every session opens with (40 tokens)
+
+
+def test_a_prefix_sessions_share_is_kept_once() -> None:
+    store = HostStore(10_000, codec=CellsCodec())
+    sessions = {f"s{i}": cells(SYSTEM + [200 + i] * 10) for i in range(5)}
+    for sid, entry in sessions.items():
+        assert store.put(sid, entry)
+    assert store.used_bytes == 40 + 5 * 10  # not 5 * 50
+    assert store.shared_bytes_saved == 4 * 40
+    assert [len(p.tokens) for p in store.prefixes] == [40]
+    assert store.stored_bytes("s3") == 50 and store.tokens("s3") == sessions["s3"].tokens
+    assert store.get("s2") == sessions["s2"]  # whole again, still stored
+    for sid, entry in sessions.items():
+        assert store.take(sid) == entry
+    assert store.used_bytes == 0 and store.prefixes == [] and store.shared_bytes_saved == 0
+
+
+def test_sharing_lets_more_sessions_fit_the_budget() -> None:
+    shared = HostStore(40 + 5 * 10, codec=CellsCodec())
+    alone = HostStore(40 + 5 * 10)
+    for i in range(5):
+        shared.put(f"s{i}", cells(SYSTEM + [200 + i] * 10))
+        alone.put(f"s{i}", cells(SYSTEM + [200 + i] * 10))
+    assert len(shared) == 5 and len(alone) == 1
+
+
+def test_a_short_common_prefix_is_not_kept_apart() -> None:
+    store = HostStore(10_000, codec=CellsCodec())
+    store.put("a", cells(SYSTEM[:8] + [1] * 30))
+    store.put("b", cells(SYSTEM[:8] + [2] * 30))
+    assert store.prefixes == [] and store.used_bytes == 76
+
+
+def test_dropping_the_last_user_of_a_prefix_frees_it() -> None:
+    store = HostStore(40 + 2 * 10, codec=CellsCodec())
+    store.put("a", cells(SYSTEM + [1] * 10))
+    store.put("b", cells(SYSTEM + [2] * 10))
+    assert store.used_bytes == 60
+    # a newcomer with nothing in common fits only once both users and their prefix are gone
+    assert store.put("c", cells([250] * 55))
+    assert "a" not in store and "b" not in store and store.prefixes == []
+    assert store.used_bytes == 55
+
+
+def test_a_state_the_codec_cannot_cut_is_kept_whole() -> None:
+    class Refusing(CellsCodec):
+        @staticmethod
+        def split(blob: bytes, position: int) -> tuple[bytes, bytes]:
+            raise ValueError("two caches")
+
+    store = HostStore(10_000, codec=Refusing())
+    store.put("a", cells(SYSTEM + [1] * 10))
+    store.put("b", cells(SYSTEM + [2] * 10))
+    assert store.prefixes == [] and store.used_bytes == 100
+    assert store.take("b") == cells(SYSTEM + [2] * 10)
+
+
+def test_a_newcomer_keeps_the_prefix_of_the_entry_it_displaces() -> None:
+    store = HostStore(40 + 2 * 10, codec=CellsCodec())
+    store.put("a", cells(SYSTEM + [1] * 10))
+    store.put("b", cells(SYSTEM + [2] * 10))
+    store.put("c", cells(SYSTEM + [3] * 10))  # a goes; the prefix stays for b and c
+    assert "a" not in store and store.used_bytes == 60 and len(store.prefixes) == 1
+    store.drop("b")
+    assert store.take("c") == cells(SYSTEM + [3] * 10)
+    assert store.used_bytes == 0 and store.prefixes == []
