@@ -156,7 +156,10 @@ def _select(state: _State, mask: np.ndarray) -> _State:
         state.cells[mask],
         state.v_trans,
         [_Layer(k.type_id, k.row_bytes, k.data[mask]) for k in state.keys],
-        [_Layer(v.type_id, v.row_bytes, np.compress(mask, v.data, axis=axis)) for v in state.values],
+        [
+            _Layer(v.type_id, v.row_bytes, np.compress(mask, v.data, axis=axis))
+            for v in state.values
+        ],
     )
 
 
@@ -203,3 +206,29 @@ def splittable(blob: bytes) -> bool:
     except UnsplittableState:
         return False
     return True
+
+
+def tile(blob: bytes, length: int) -> bytes:
+    """A state of ``length`` cells at positions 0..length-1 whose K/V rows repeat those of
+    ``blob``'s cells in turn: a sequence filled to a given length without prefilling it (for
+    timing decode steps, where the values do not matter but the cell count does)."""
+    state = _parse(blob)
+    if not len(state.cells) or length <= 0:
+        raise UnsplittableState("nothing to tile")
+    picks = np.arange(length) % len(state.cells)
+    cells = state.cells[picks].copy()
+    cells["pos"] = np.arange(length)
+    axis = 1 if state.v_trans else 0
+    return _write(
+        _State(
+            state.seq_id,
+            state.n_stream,
+            cells,
+            state.v_trans,
+            [_Layer(k.type_id, k.row_bytes, k.data[picks]) for k in state.keys],
+            [
+                _Layer(v.type_id, v.row_bytes, np.take(v.data, picks, axis=axis))
+                for v in state.values
+            ],
+        )
+    )

@@ -72,26 +72,31 @@ _FLASH_LINE = re.compile(
     r"flash_attn\s*=\s*(\w+)|Flash Attention (enabled|disabled)|set to (enabled|disabled)"
 )
 _KV_LINE = re.compile(r"K \((\w+)\):.*V \((\w+)\):")
+_UNIFIED_LINE = re.compile(r"kv_unified\s*=\s*(true|false)")
 
 
 @dataclass(frozen=True)
 class ContextSettings:
     """What llama.cpp says it set up for a context (read from its log as it creates it):
-    ``flash_attn`` "enabled" / "disabled", ``type_k`` / ``type_v`` ("f16", "q8_0")."""
+    ``flash_attn`` "enabled" / "disabled", ``type_k`` / ``type_v`` ("f16", "q8_0"),
+    ``kv_unified`` "true" / "false"."""
 
     flash_attn: str
     type_k: str
     type_v: str
+    kv_unified: str = "unknown"
 
 
 def _settings_from_log(lines: list[str]) -> ContextSettings:
     text = "".join(lines)
     flash = ["".join(groups) for groups in _FLASH_LINE.findall(text)]
     kv = _KV_LINE.search(text)
+    unified = _UNIFIED_LINE.search(text)
     return ContextSettings(
         flash_attn=flash[-1] if flash else "unknown",
         type_k=kv.group(1) if kv else "unknown",
         type_v=kv.group(2) if kv else "unknown",
+        kv_unified=unified.group(1) if unified else "unknown",
     )
 
 

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from inference.engine import kv_blob
+from inference.engine import kv_blob, kv_layout
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
 from inference.engine.sampling import Sampler, SamplingParams
 from inference.engine.sequences import HostStore, Sequence, SequenceTable, common_prefix_len
@@ -69,7 +69,7 @@ class EngineConfig:
     host_ram_mib: int = 256
     max_queue: int = 64
     prefix_reuse: bool = True
-    kv_unified: bool = False
+    kv_unified: bool | None = False  # None: the faster layout, timed at load (kv_layout)
     kv_type: str = "f16"  # K and V cache type: "f16" or "q8_0" (llama.KV_TYPES)
     flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.FLASH_ATTN)
     # speculative decoding by prompt lookup (inference.engine.speculation): "auto" drafts when
@@ -221,6 +221,7 @@ class Engine:
         self.kv_bytes_per_token = 0
         self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
         self.drafting = False  # decided at load
+        self.kv_layout: kv_layout.LayoutChoice | None = None  # set at load when measured
 
     # Public API (any thread) ------------------------------------------------------------
 
@@ -307,10 +308,13 @@ class Engine:
             cfg.ctx_per_seq,
             cfg.n_batch,
             cfg.threads,
-            cfg.kv_unified,
+            bool(cfg.kv_unified),
             kv_type=cfg.kv_type,
             flash_attn=cfg.flash_attn,
         )
+        if cfg.kv_unified is None:
+            self.kv_layout = kv_layout.choose(self.model, shape)
+            shape = replace(shape, kv_unified=self.kv_layout.unified)
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
         self.table = SequenceTable(
@@ -681,6 +685,8 @@ class Engine:
             "host_ram_budget_bytes": self.config.host_ram_mib * 1024 * 1024,
             # as llama.cpp reports it set the context up (None until loaded)
             "kv_settings": vars(self.ctx.settings) if self.ctx else None,
+            # how the layout was chosen when the node was left to choose (None: set by hand)
+            "kv_layout": asdict(self.kv_layout) if self.kv_layout else None,
             "reused_token_ratio": (s.cached_prompt_tokens_total / s.prompt_tokens_total)
             if s.prompt_tokens_total
             else 0.0,

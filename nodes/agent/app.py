@@ -184,6 +184,7 @@ class NodeApp:
                 "sequences_active": snap["sequences_active"],
                 "queue_depth": snap["queue_depth"],
                 "kv": snap["kv_settings"],
+                "kv_layout": snap["kv_layout"],
                 "host_ram_budget_bytes": snap["host_ram_budget_bytes"],
             },
             self.headers,

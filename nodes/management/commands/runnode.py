@@ -24,15 +24,10 @@ def parse_cpu_set(text: str) -> set[int]:
     return cpus
 
 
-def kv_unified_for(choice: str, ctx_per_seq: int) -> bool:
-    """``auto``: a unified KV buffer when sequences are short (<= 1024 tokens), where it decodes
-    faster; one stream per sequence for long agent sessions (figures in docs/engine.md)."""
-    if choice == "auto":
-        return ctx_per_seq <= UNIFIED_KV_MAX_CTX
-    return choice == "on"
-
-
-UNIFIED_KV_MAX_CTX = 1024
+def kv_unified_for(choice: str) -> bool | None:
+    """``on`` / ``off``: a unified KV buffer or one stream per sequence; ``auto``: None, the
+    engine times both at load and keeps the faster (``inference.engine.kv_layout``)."""
+    return None if choice == "auto" else choice == "on"
 
 
 # The engine's llama.cpp settings a node takes as a choice: (flag, choices, default, help).
@@ -41,7 +36,7 @@ ENGINE_CHOICES = [
         "--kv-unified",
         ["auto", "on", "off"],
         "auto",
-        "one KV buffer for all sequences; auto: on when --ctx-per-seq <= 1024",
+        "one KV buffer for all sequences; auto: whichever decodes faster, timed at load",
     ),
     (
         "--kv-type",
@@ -87,7 +82,7 @@ def engine_config(o: dict) -> EngineConfig:
         host_ram_mib=host_ram_mib,
         max_queue=o["max_queue"],
         prefix_reuse=not o["no_prefix_reuse"],
-        kv_unified=kv_unified_for(o["kv_unified"], o["ctx_per_seq"]),
+        kv_unified=kv_unified_for(o["kv_unified"]),
         kv_type=o["kv_type"],
         flash_attn=o["flash_attn"],
         speculate=o["speculate"],

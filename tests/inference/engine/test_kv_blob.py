@@ -126,3 +126,14 @@ def test_a_real_state_splits_where_a_truncated_sequence_ends(flash_attn: str) ->
     finally:
         ctx.close()
         model.close()
+
+
+@pytest.mark.parametrize("v_trans", [0, 1])
+def test_tiling_repeats_the_cells_at_consecutive_positions(v_trans: int) -> None:
+    tiled = kv_blob.tile(state([0, 1, 2], v_trans=v_trans), 7)
+    # rows of positions 0,1,2,0,1,2,0 written at positions 0..6: cut where each repeat starts
+    first, rest = kv_blob.split(tiled, 3)
+    assert first == state([0, 1, 2], v_trans=v_trans)
+    assert len(kv_blob.split(rest, 6)[0]) == len(first)
+    with pytest.raises(UnsplittableState):
+        kv_blob.tile(state([]), 4)
