@@ -45,6 +45,7 @@ import httpx
 from harness import bundled_model_path, emit, free_port, percentile, spawn, start_node, stream_chat
 
 LLAMA_CPP_PYTHON = "0.3.36"  # pyproject.toml pins the same version
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 
 
 def ensure_llama_server(cache: Path) -> Path:
@@ -161,7 +162,9 @@ def turn_message(session: int, turn: int) -> dict:
     }
 
 
-async def agent_sessions(url: str, tag: str, sessions: int, turns: int, at_once: int) -> dict:
+async def agent_sessions(
+    url: str, headers: dict, tag: str, sessions: int, turns: int, at_once: int
+) -> dict:
     """``sessions`` conversations of ``turns`` turns, at most ``at_once`` turns in flight; the
     waiting turns are served first come, first served, so sessions take turns round-robin."""
     gate = asyncio.Semaphore(at_once)
@@ -176,7 +179,7 @@ async def agent_sessions(url: str, tag: str, sessions: int, turns: int, at_once:
             async with gate:
                 began = time.perf_counter()
                 result = await stream_chat(
-                    client, url, body, headers={"X-Session-Id": f"{tag}-{sid}"}
+                    client, url, body, headers={**headers, "X-Session-Id": f"{tag}-{sid}"}
                 )
                 out["turns"].append(time.perf_counter() - began)
             if turn:
@@ -187,14 +190,16 @@ async def agent_sessions(url: str, tag: str, sessions: int, turns: int, at_once:
             out["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             messages.append({"role": "assistant", "content": result.text})
 
-    async with httpx.AsyncClient(timeout=1200) as client:
+    # a new connection per request on both sides: llama-server's HTTP library closes idle
+    # keep-alive connections after 5 s, and a request sent on one it just closed fails
+    async with httpx.AsyncClient(timeout=1200, limits=NO_KEEPALIVE) as client:
         began = time.perf_counter()
         await asyncio.gather(*(one(client, s) for s in range(sessions)))
         out["wall_s"] = time.perf_counter() - began
     return out
 
 
-async def plain_streams(url: str, tag: str, streams: int, max_tokens: int) -> dict:
+async def plain_streams(url: str, headers: dict, tag: str, streams: int, max_tokens: int) -> dict:
     """``streams`` concurrent one-turn chats, each with its own prompt; aggregate tokens/s."""
 
     async def one(client: httpx.AsyncClient, i: int):
@@ -204,9 +209,9 @@ async def plain_streams(url: str, tag: str, streams: int, max_tokens: int) -> di
             "temperature": 0,
             "stream_options": {"include_usage": True},
         }
-        return await stream_chat(client, url, body)
+        return await stream_chat(client, url, body, headers=headers)
 
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with httpx.AsyncClient(timeout=600, limits=NO_KEEPALIVE) as client:
         began = time.perf_counter()
         results = await asyncio.gather(*(one(client, i) for i in range(streams)))
         wall = time.perf_counter() - began
@@ -243,7 +248,7 @@ def node_metrics(url: str, headers: dict) -> dict:
     figures = {}
     for line in text.splitlines():
         for name in wanted:
-            if line.startswith(f"phalanx_node_{name} "):
+            if line.split("{")[0].split(" ")[0] == f"phalanx_node_{name}":
                 figures[name] = float(line.split()[-1])
     return figures
 
@@ -289,14 +294,14 @@ def main() -> None:
         for i, (kind, size) in enumerate(workloads):
             order = sides if i % 2 == 0 else sides[::-1]
             for side in order:
-                url = theirs.url if side == "llama-server" else ours.url
+                url, headers = (theirs.url, {}) if side == "llama-server" else (ours.url, ours.headers)
                 tag = f"{kind}-{size}-{side}-{seed}"
                 if kind == "streams":
-                    got = asyncio.run(plain_streams(url, tag, size, 64))
+                    got = asyncio.run(plain_streams(url, headers, tag, size, 64))
                     results[side][f"streams_{size}"] = {k: round(v, 2) for k, v in got.items()}
                 else:
                     sessions, turns = size
-                    got = asyncio.run(agent_sessions(url, tag, sessions, turns, 8))
+                    got = asyncio.run(agent_sessions(url, headers, tag, sessions, turns, 8))
                     results[side][kind] = agent_figures(got)
                 print(side, kind, size, json.dumps(results[side].get(kind) or got), flush=True)
         node = node_metrics(ours.url, ours.headers)

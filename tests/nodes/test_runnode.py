@@ -33,7 +33,9 @@ def test_host_ram_defaults_to_a_share_of_free_memory_and_zero_means_none() -> No
 def test_the_llama_cpp_settings_pass_through() -> None:
     config = engine_config({**OPTIONS, "kv_type": "q8_0", "flash_attn": "on", "speculate": "off"})
     assert (config.kv_type, config.flash_attn, config.speculate) == ("q8_0", "on", "off")
-    assert config.kv_unified is False  # 2048 tokens a sequence: one buffer each
+    assert config.kv_unified is None  # auto: the engine times both layouts at load
+    assert engine_config({**OPTIONS, "kv_unified": "on"}).kv_unified is True
+    assert engine_config({**OPTIONS, "kv_unified": "off"}).kv_unified is False
 
 
 def test_a_quantized_cache_without_flash_attention_is_refused_before_loading() -> None:
