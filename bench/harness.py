@@ -114,17 +114,23 @@ def start_llama_cpp_server(log_dir: Path, *, threads: int, n_ctx: int) -> Proc:
     ]
     proc = spawn(args, log_dir / "llama_cpp_server.log")
     proc.url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
+    return wait_until_up(proc, "/v1/models", "llama_cpp.server", timeout=90)
+
+
+def wait_until_up(proc: Proc, path: str, name: str, *, timeout: float) -> Proc:
+    """``proc`` once ``GET path`` answers 200; ``RuntimeError`` with its log's tail when it
+    exits first, or naming it after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
             raise RuntimeError(proc.log()[-3000:])
         try:
-            if httpx.get(f"{proc.url}/v1/models", timeout=1).status_code == 200:
+            if httpx.get(f"{proc.url}{path}", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise RuntimeError("llama_cpp.server did not start")
+    raise RuntimeError(f"{name} did not start")
 
 
 def emit(result: dict) -> None:

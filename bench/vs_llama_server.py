@@ -13,8 +13,8 @@ Workloads, each run on both sides, the first side alternating from one workload 
 
 * plain streams: 1, 8 and 16 concurrent requests, each its own prompt, greedy, 64 tokens;
   aggregate completion tokens per second;
-* agent sessions: a ~600-token system prompt listing tools, each turn adds a user message or a
-  tool result (~100 tokens) and generates up to 40 tokens (greedy; the text generated goes back
+* agent sessions: a ~530-token system prompt listing tools, each turn adds a user message
+  (~55 tokens) or a tool result (~95 tokens) and generates up to 40 tokens (greedy; the text generated goes back
   into the history, as an agent's client does), ``X-Session-Id`` set, streamed. 8 sessions x 10
   turns, and 24 sessions x 6 turns, 8 turns in flight at once (so with 24 sessions each
   sequence is shared by three sessions taking turns).
@@ -42,7 +42,17 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import bundled_model_path, emit, free_port, percentile, spawn, start_node, stream_chat
+from harness import (
+    bundled_model_path,
+    emit,
+    free_port,
+    percentile,
+    spawn,
+    start_node,
+    stream_chat,
+    wait_until_up,
+)
+from multiturn import SYSTEM
 
 LLAMA_CPP_PYTHON = "0.3.36"  # pyproject.toml pins the same version
 NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
@@ -96,60 +106,22 @@ def start_llama_server(binary: Path, log_dir: Path, args) -> object:
         log_dir / "llama-server.log",
     )
     proc.url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(proc.log()[-3000:])
-        try:
-            if httpx.get(f"{proc.url}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("llama-server did not start")
-
-
-TOOLS = [
-    ("search_flights", "Search flights between two airports on a date.", "air travel"),
-    ("book_hotel", "Book a hotel room in a city for given nights.", "hotels"),
-    ("get_weather", "Current weather and a five-day forecast for a city.", "weather"),
-    ("convert_currency", "Convert an amount between two currencies at today's rate.", "money"),
-    ("lookup_order", "Find a customer's order by its number and show its status.", "orders"),
-    ("create_ticket", "Open a support ticket with a title, body and priority.", "support"),
-]
+    return wait_until_up(proc, "/health", "llama-server", timeout=120)
 
 
 def system_prompt(tag: str) -> str:
-    """About 600 tokens: an agent's instructions and its tools' JSON schemas."""
-    schemas = [
-        {
-            "name": name,
-            "description": f"{desc} Use it whenever the user asks about {topic}; it returns JSON.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": f"What to look up about {topic}."},
-                    "limit": {"type": "integer", "description": "Maximum results to return."},
-                    "region": {"type": "string", "description": "ISO country code to search in."},
-                },
-                "required": ["query"],
-            },
-        }
-        for name, desc, topic in TOOLS
-    ]
-    return (
-        f"[{tag}] You are a travel and support agent. Call tools when needed, answer briefly.\n"
-        "# Tools\n" + "\n".join(json.dumps(s) for s in schemas)
-    )
+    """About 560 tokens: an agent's instructions and four of ``multiturn``'s tool schemas (all
+    six make 780, and ten turns would not fit a 2,048-token sequence)."""
+    return f"[{tag}] " + "\n".join(SYSTEM.splitlines()[:6])
 
 
 def turn_message(session: int, turn: int) -> dict:
-    """About 100 tokens: a tool result (odd turns) or a user request (even turns)."""
+    """A tool result (odd turns, about 100 tokens) or a user request (even turns, about 55)."""
     if turn % 2:
         results = [
             {"id": f"R{session}-{turn}-{k}", "price": 100 + 7 * k + turn, "city": "Lisbon"}
             | {"status": "confirmed", "note": "window seat, breakfast included"}
-            for k in range(3)
+            for k in range(2)
         ]
         return {"role": "user", "content": "Tool result: " + json.dumps({"results": results})}
     return {
@@ -294,7 +266,9 @@ def main() -> None:
         for i, (kind, size) in enumerate(workloads):
             order = sides if i % 2 == 0 else sides[::-1]
             for side in order:
-                url, headers = (theirs.url, {}) if side == "llama-server" else (ours.url, ours.headers)
+                url, headers = (
+                    (theirs.url, {}) if side == "llama-server" else (ours.url, ours.headers)
+                )
                 tag = f"{kind}-{size}-{side}-{seed}"
                 if kind == "streams":
                     got = asyncio.run(plain_streams(url, headers, tag, size, 64))
