@@ -291,7 +291,9 @@ class LlamaContext:
         size = C.llama_state_seq_get_size(self.ptr, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        return bytes(buf[:written])
+        # string_at copies the bytes in C; slicing the ctypes array would build a list of ints
+        # first (48 MiB/s here, against 1.3 GiB/s: bench/kv_copy.py)
+        return ctypes.string_at(buf, written)
 
     def state_import(self, seq_id: int, blob: bytes) -> None:
         """Load a state from ``state_export`` into ``seq_id`` (which is cleared first)."""
