@@ -142,7 +142,9 @@ async def test_it_relays_events_from_another_process_through_redis(fake, token):
             await sync_to_async(services.node_set_drained)(node_id="node-01", drained=True)
             assert (await _next(communicator, "node"))["node"]["state"] == "draining"
         finally:
-            await communicator.disconnect()
+            # time for the consumer to leave its group and stop receiving before the layers
+            # close (the default 1 s ran out on a loaded machine and left a receive parked)
+            await communicator.disconnect(timeout=10)
             await other_process.flush()
             # close both layers' Redis connections on this loop: a receive still parked on
             # one kept the test's event loop from closing (seen once in a full run)
