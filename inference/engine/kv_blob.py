@@ -148,18 +148,16 @@ def _write(state: _State) -> bytes:
     return b"".join(out)
 
 
-def _select(state: _State, mask: np.ndarray) -> _State:
+def _pick(state: _State, indices: np.ndarray) -> _State:
+    """A state of the cells at ``indices`` (in that order, repeats allowed)."""
     axis = 1 if state.v_trans else 0
     return _State(
         state.seq_id,
         state.n_stream,
-        state.cells[mask],
+        state.cells[indices],
         state.v_trans,
-        [_Layer(k.type_id, k.row_bytes, k.data[mask]) for k in state.keys],
-        [
-            _Layer(v.type_id, v.row_bytes, np.compress(mask, v.data, axis=axis))
-            for v in state.values
-        ],
+        [_Layer(k.type_id, k.row_bytes, k.data[indices]) for k in state.keys],
+        [_Layer(v.type_id, v.row_bytes, np.take(v.data, indices, axis=axis)) for v in state.values],
     )
 
 
@@ -168,7 +166,7 @@ def split(blob: bytes, position: int) -> tuple[bytes, bytes]:
     each a state of its own. Raises ``UnsplittableState`` for a state this module cannot read."""
     state = _parse(blob)
     below = state.cells["pos"] < position
-    return _write(_select(state, below)), _write(_select(state, ~below))
+    return _write(_pick(state, np.flatnonzero(below))), _write(_pick(state, np.flatnonzero(~below)))
 
 
 def join(prefix: bytes, suffix: bytes) -> bytes:
@@ -199,15 +197,6 @@ def _stack(x: _Layer, y: _Layer, axis: int) -> _Layer:
     return _Layer(x.type_id, x.row_bytes, np.concatenate([x.data, y.data], axis=axis))
 
 
-def splittable(blob: bytes) -> bool:
-    """Whether ``blob`` is a state ``split`` can cut."""
-    try:
-        _parse(blob)
-    except UnsplittableState:
-        return False
-    return True
-
-
 def tile(blob: bytes, length: int) -> bytes:
     """A state of ``length`` cells at positions 0..length-1 whose K/V rows repeat those of
     ``blob``'s cells in turn: a sequence filled to a given length without prefilling it (for
@@ -215,20 +204,6 @@ def tile(blob: bytes, length: int) -> bytes:
     state = _parse(blob)
     if not len(state.cells) or length <= 0:
         raise UnsplittableState("nothing to tile")
-    picks = np.arange(length) % len(state.cells)
-    cells = state.cells[picks].copy()
-    cells["pos"] = np.arange(length)
-    axis = 1 if state.v_trans else 0
-    return _write(
-        _State(
-            state.seq_id,
-            state.n_stream,
-            cells,
-            state.v_trans,
-            [_Layer(k.type_id, k.row_bytes, k.data[picks]) for k in state.keys],
-            [
-                _Layer(v.type_id, v.row_bytes, np.take(v.data, picks, axis=axis))
-                for v in state.values
-            ],
-        )
-    )
+    tiled = _pick(state, np.arange(length) % len(state.cells))
+    tiled.cells["pos"] = np.arange(length)  # fancy indexing copied the cells: no one else sees
+    return _write(tiled)

@@ -182,7 +182,6 @@ class HostStore:
         self._prefixes: list[SharedPrefix] = []
         self.used_bytes = 0
         self.dropped_total = 0
-        self.shared_bytes_saved = 0  # bytes not stored twice, at this moment
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -193,6 +192,11 @@ class HostStore:
     @property
     def prefixes(self) -> list[SharedPrefix]:
         return list(self._prefixes)
+
+    @property
+    def shared_bytes_saved(self) -> int:
+        """Bytes not stored twice right now: each prefix once for every user but the first."""
+        return sum(len(p.blob) * (len(p.sessions) - 1) for p in self._prefixes)
 
     def tokens(self, session_id: str) -> list[int] | None:
         """The tokens whose KV is stored for ``session_id`` (no copy of the KV is made)."""
@@ -285,33 +289,25 @@ class HostStore:
                     self.used_bytes -= len(stored.own) - len(own)
                     stored.own = own
                     stored.prefix = prefix
-                    self._use(prefix, sid)
-
-    def _use(self, prefix: SharedPrefix, session_id: str) -> None:
-        prefix.sessions.add(session_id)
-        if len(prefix.sessions) > 1:
-            self.shared_bytes_saved += len(prefix.blob)
+                    prefix.sessions.add(sid)
 
     def _add(self, session_id: str, stored: _Stored) -> None:
         self._entries[session_id] = stored
         self.used_bytes += len(stored.own)
         if stored.prefix is not None:
-            self._use(stored.prefix, session_id)
+            stored.prefix.sessions.add(session_id)
 
-    def _remove(self, session_id: str) -> _Stored | None:
+    def _remove(self, session_id: str) -> None:
         stored = self._entries.pop(session_id, None)
         if stored is None:
-            return None
+            return
         self.used_bytes -= len(stored.own)
         prefix = stored.prefix
         if prefix is not None:
-            if len(prefix.sessions) > 1:
-                self.shared_bytes_saved -= len(prefix.blob)
             prefix.sessions.discard(session_id)
             if not prefix.sessions:
                 self._prefixes.remove(prefix)
                 self.used_bytes -= len(prefix.blob)
-        return stored
 
     def _whole(self, stored: _Stored) -> HostEntry:
         blob = stored.own
@@ -366,7 +362,6 @@ class HostStore:
         self._entries.clear()
         self._prefixes.clear()
         self.used_bytes = 0
-        self.shared_bytes_saved = 0
 
 
 @dataclass(frozen=True)

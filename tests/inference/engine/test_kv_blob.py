@@ -89,7 +89,6 @@ def test_a_prefix_joins_another_session_s_suffix() -> None:
 def test_states_it_cannot_read_are_refused_by_name(blob: bytes, reason: str) -> None:
     with pytest.raises(UnsplittableState, match=reason):
         kv_blob.split(blob, 1)
-    assert not kv_blob.splittable(blob)
 
 
 def test_parts_of_different_caches_do_not_join() -> None:
