@@ -154,7 +154,7 @@ async def agent_sessions(
                     client, url, body, headers={**headers, "X-Session-Id": f"{tag}-{sid}"}
                 )
                 out["turns"].append(time.perf_counter() - began)
-            if turn:
+            if turn and result.tokens:  # a turn that streamed no text has no first token
                 out["ttft_later"].append(result.ttft_s)
             usage = result.usage or {}
             out["prompt"] += usage.get("prompt_tokens", 0)
@@ -269,7 +269,7 @@ def main() -> None:
                 url, headers = (
                     (theirs.url, {}) if side == "llama-server" else (ours.url, ours.headers)
                 )
-                tag = f"{kind}-{size}-{side}-{seed}"
+                tag = f"{kind}-{size}-{seed}"  # the same prompts on both sides
                 if kind == "streams":
                     got = asyncio.run(plain_streams(url, headers, tag, size, 64))
                     results[side][f"streams_{size}"] = {k: round(v, 2) for k, v in got.items()}

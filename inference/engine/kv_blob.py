@@ -17,9 +17,13 @@
 ``split`` cuts such a state into the cells before a position (a prefix many sessions share, kept
 once) and the cells from it on (the session's own part); ``join`` puts a prefix and a suffix back
 into one state that ``llama_state_seq_set_data`` loads. Only the plain cache of that format is
-handled: a state with more than one section (sliding-window models write two caches) or with
-per-cell extras (M-RoPE) does not parse to the byte and raises ``UnsplittableState``; callers
-then keep such states whole.
+handled: a state with more than one section (sliding-window models write two caches), with
+per-cell extras (M-RoPE) or without V tensors (MLA) does not parse to the byte and raises
+``UnsplittableState``; callers then keep such states whole.
+
+``with_stream_count`` rewrites the stream count a state was written with (1 from a unified
+cache, the sequence count from one stream per sequence): llama.cpp refuses a state written by
+a context of the other layout, though the cells are stored alike.
 """
 
 from __future__ import annotations
@@ -177,7 +181,7 @@ def join(prefix: bytes, suffix: bytes) -> bytes:
         return suffix
     if not len(b.cells):
         return prefix
-    if (a.n_stream, a.v_trans, len(a.keys)) != (b.n_stream, b.v_trans, len(b.keys)):
+    if (a.v_trans, len(a.keys)) != (b.v_trans, len(b.keys)):
         raise UnsplittableState("prefix and suffix come from differently shaped caches")
     axis = 1 if a.v_trans else 0
     joined = _State(
@@ -192,7 +196,8 @@ def join(prefix: bytes, suffix: bytes) -> bytes:
 
 
 def _stack(x: _Layer, y: _Layer, axis: int) -> _Layer:
-    if (x.type_id, x.row_bytes) != (y.type_id, y.row_bytes):
+    same_rows = np.delete(x.data.shape, axis).tolist() == np.delete(y.data.shape, axis).tolist()
+    if (x.type_id, x.row_bytes) != (y.type_id, y.row_bytes) or not same_rows:
         raise UnsplittableState("prefix and suffix hold different K/V types")
     return _Layer(x.type_id, x.row_bytes, np.concatenate([x.data, y.data], axis=axis))
 
@@ -207,3 +212,13 @@ def tile(blob: bytes, length: int) -> bytes:
     tiled = _pick(state, np.arange(length) % len(state.cells))
     tiled.cells["pos"] = np.arange(length)  # fancy indexing copied the cells: no one else sees
     return _write(tiled)
+
+
+def with_stream_count(blob: bytes, n_stream: int) -> bytes:
+    """``blob`` as a context with ``n_stream`` KV streams loads it (unchanged when it already
+    says so). Raises ``UnsplittableState`` for a state this module cannot read."""
+    if len(blob) >= 12 and _U32.unpack_from(blob, 8)[0] == n_stream:
+        return blob
+    state = _parse(blob)
+    state.n_stream = n_stream
+    return _write(state)

@@ -8,7 +8,8 @@ on the CPU, the model, the thread count, the sequence count and how full the seq
 with every sequence holding ``fill`` cells, in each layout, and the faster wins. The sequences
 are filled by loading a tiled state (``kv_blob.tile``) instead of prefilling them, so a
 measurement takes a second or two, and its result is kept in a small JSON file per machine
-(``cache_path``), keyed by everything that decides it.
+(``cache_path``), keyed by everything that decides it (llama.cpp's version included); delete
+the file to measure again (a measurement taken on a busy machine stays until then).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+import llama_cpp
 
 from inference.engine import kv_blob
 from inference.engine.llama import ContextShape, LlamaContext, LlamaModel
@@ -56,8 +59,10 @@ def choose(model: LlamaModel, shape: ContextShape, fill: int | None = None) -> L
     fill = fill or default_fill(shape.ctx_per_seq)
     key = _key(model, shape, fill)
     cached = _read_cache().get(key)
-    if cached:
+    try:
         return LayoutChoice(**{**cached, "measured": False})
+    except TypeError:  # none, or written by another version: measured again
+        pass
     choice = measure(model, shape, fill)
     _write_cache(key, choice)
     return choice
@@ -101,7 +106,7 @@ def _step_ms(model: LlamaModel, shape: ContextShape, fill: int) -> float:
 def _key(model: LlamaModel, shape: ContextShape, fill: int) -> str:
     stat = os.stat(model.path)
     what = [model.path, stat.st_size, int(stat.st_mtime), asdict(replace(shape, kv_unified=False))]
-    what += [fill, os.cpu_count(), _cpu_model()]
+    what += [fill, os.cpu_count(), _cpu_model(), llama_cpp.__version__]
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -117,9 +122,10 @@ def _cpu_model() -> str:
 
 def _read_cache() -> dict:
     try:
-        return json.loads(cache_path().read_text())
+        entries = json.loads(cache_path().read_text())
     except (OSError, ValueError):
         return {}
+    return entries if isinstance(entries, dict) else {}
 
 
 def _write_cache(key: str, choice: LayoutChoice) -> None:

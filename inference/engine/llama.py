@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import llama_cpp as C
 
+from inference.engine import kv_blob
+
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -296,7 +298,15 @@ class LlamaContext:
         return ctypes.string_at(buf, written)
 
     def state_import(self, seq_id: int, blob: bytes) -> None:
-        """Load a state from ``state_export`` into ``seq_id`` (which is cleared first)."""
+        """Load a state from ``state_export`` into ``seq_id`` (which is cleared first), also one
+        exported by a context of the other KV layout. Raises ``LlamaError`` when llama.cpp
+        refuses it (another model, cache type or flash-attention setting)."""
+        try:
+            blob = kv_blob.with_stream_count(
+                blob, 1 if self.shape.kv_unified else self.shape.sequences
+            )
+        except kv_blob.UnsplittableState:
+            pass  # a state kv_blob cannot read goes to llama.cpp as it is
         self.seq_truncate(seq_id, 0)
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if C.llama_state_seq_set_data(self.ptr, buf, len(blob), seq_id) == 0:

@@ -313,8 +313,7 @@ class Engine:
             flash_attn=cfg.flash_attn,
         )
         if cfg.kv_unified is None:
-            self.kv_layout = kv_layout.choose(self.model, shape)
-            shape = replace(shape, kv_unified=self.kv_layout.unified)
+            shape = replace(shape, kv_unified=self._measured_layout(shape))
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
         self.table = SequenceTable(
@@ -331,6 +330,16 @@ class Engine:
             cfg.speculate == "on"
             or (cfg.speculate == "auto" and self.draft_step_cost <= DRAFT_MAX_STEP_COST)
         )
+
+    def _measured_layout(self, shape: ContextShape) -> bool:
+        """Whether a unified KV buffer decodes faster here (``kv_layout``); one stream per
+        sequence when it cannot be timed (a model whose state ``kv_blob`` cannot tile)."""
+        try:
+            self.kv_layout = kv_layout.choose(self.model, shape)
+        except (LlamaError, ValueError) as exc:
+            log.warning("KV layout not timed (%s): one stream per sequence", exc)
+            return False
+        return self.kv_layout.unified
 
     def _measure_draft_step_cost(self, repeats: int = 3) -> float:
         """Seconds to decode ``1 + MAX_DRAFT`` tokens of one sequence over seconds for one
@@ -668,6 +677,7 @@ class Engine:
             "draft_tokens_total": s.draft_tokens_total,
             "draft_accepted_total": s.draft_accepted_total,
             "restores_skipped_total": table.restores_skipped if table else 0,
+            "restores_failed_total": table.restores_failed if table else 0,
             "draft_step_cost": round(self.draft_step_cost, 3),
             "drafting": self.drafting,
             "busy": 1 if self._active else 0,

@@ -21,7 +21,9 @@ class KvStore(Protocol):
     def seq_truncate(self, seq_id: int, keep: int) -> None: ...
     def seq_share(self, src: int, dst: int, count: int) -> None: ...
     def state_export(self, seq_id: int) -> bytes: ...
-    def state_import(self, seq_id: int, blob: bytes) -> None: ...
+
+    def state_import(self, seq_id: int, blob: bytes) -> None:
+        """Raises ``RuntimeError`` (``LlamaError``) when the state is refused."""
 
 
 class SessionBusy(RuntimeError):
@@ -220,18 +222,18 @@ class HostStore:
         due back after the entries it would have to displace; then nothing else is dropped)."""
         self.drop(session_id)
         stored, new_prefix = self._shape(entry)
+        moved: list[tuple[_Stored, bytes]] = []
         if new_prefix is not None:  # the entries it was found in move onto it first
             self._prefixes.append(new_prefix)
             self.used_bytes += len(new_prefix.blob)
-            self._rehome(new_prefix)
+            moved = self._rehome(new_prefix)
         victims = None
         if len(stored.own) <= self.budget_bytes:
             victims = self._victims(session_id, len(stored.own), stored.prefix)
         if victims is None:
             self.dropped_total += 1
-            if new_prefix is not None and not new_prefix.sessions:
-                self._prefixes.remove(new_prefix)
-                self.used_bytes -= len(new_prefix.blob)
+            if new_prefix is not None:
+                self._unhome(new_prefix, moved)
             return False
         self._add(session_id, stored)  # before the victims go: it may keep their prefix
         for victim in victims:
@@ -278,18 +280,31 @@ class HostStore:
         except ValueError:  # a state the codec cannot cut is kept whole
             return None, None
 
-    def _rehome(self, prefix: SharedPrefix) -> None:
+    def _rehome(self, prefix: SharedPrefix) -> list[tuple[_Stored, bytes]]:
         """Entries stored whole that begin with ``prefix`` keep only their own cells (in
-        place: their order, which breaks ties between victims, stays)."""
+        place: their order, which breaks ties between victims, stays); returns each moved
+        entry with the whole state it had, for ``_unhome``."""
         n = len(prefix.tokens)
+        moved = []
         for sid, stored in self._entries.items():
             if stored.prefix is None and common_prefix_len(stored.tokens, prefix.tokens) == n:
                 _, own = self._split(stored.own, n)
                 if own is not None:
+                    moved.append((stored, stored.own))
                     self.used_bytes -= len(stored.own) - len(own)
                     stored.own = own
                     stored.prefix = prefix
                     prefix.sessions.add(sid)
+        return moved
+
+    def _unhome(self, prefix: SharedPrefix, moved: list[tuple[_Stored, bytes]]) -> None:
+        """Undo ``_rehome`` and forget ``prefix`` (the newcomer that brought it was refused)."""
+        for stored, whole in moved:
+            self.used_bytes += len(whole) - len(stored.own)
+            stored.own, stored.prefix = whole, None
+        prefix.sessions.clear()
+        self._prefixes.remove(prefix)
+        self.used_bytes -= len(prefix.blob)
 
     def _add(self, session_id: str, stored: _Stored) -> None:
         self._entries[session_id] = stored
@@ -309,10 +324,15 @@ class HostStore:
                 self._prefixes.remove(prefix)
                 self.used_bytes -= len(prefix.blob)
 
-    def _whole(self, stored: _Stored) -> HostEntry:
+    def _whole(self, stored: _Stored) -> HostEntry | None:
+        """The entry with its prefix joined back; None when the parts do not join (an imported
+        state from a node with other cache settings rehomed onto this node's prefix)."""
         blob = stored.own
         if stored.prefix is not None:
-            blob = self.codec.join(stored.prefix.blob, stored.own)
+            try:
+                blob = self.codec.join(stored.prefix.blob, stored.own)
+            except ValueError:
+                return None
         return HostEntry(tokens=list(stored.tokens), blob=blob)
 
     def _victims(self, newcomer: str, size: int, uses: SharedPrefix | None) -> list[str] | None:
@@ -353,6 +373,8 @@ class HostStore:
             return None
         entry = self._whole(stored)
         self._remove(session_id)
+        if entry is None:
+            self.dropped_total += 1
         return entry
 
     def drop(self, session_id: str) -> None:
@@ -394,6 +416,7 @@ class SequenceTable:
         self.prefill_speed = prefill_speed  # prompt tokens/s the engine prefills at (0: unknown)
         self.restore_speed = 0.0  # bytes/s copied back from host RAM (moving average; 0: unknown)
         self.restores_skipped = 0
+        self.restores_failed = 0  # refused by llama.cpp; the prompt was prefilled instead
 
     def resident(self, session_id: str) -> Sequence | None:
         for seq in self.sequences:
@@ -501,10 +524,18 @@ class SequenceTable:
         return len(entry.blob) / self.restore_speed < usable / prefill_speed
 
     def _restore(self, seq: Sequence, entry: HostEntry | None) -> bool:
+        """Copy ``entry`` into ``seq``; False (the sequence left empty, the prompt prefilled)
+        when there is none or llama.cpp refuses it (a state from a node with another model,
+        cache type or flash-attention setting)."""
         if entry is None:
             return False
         began = time.perf_counter()
-        self.kv.state_import(seq.seq_id, entry.blob)
+        try:
+            self.kv.state_import(seq.seq_id, entry.blob)
+        except (RuntimeError, ValueError):
+            self.kv.seq_truncate(seq.seq_id, 0)
+            self.restores_failed += 1
+            return False
         elapsed = time.perf_counter() - began
         if elapsed > 0:
             speed = len(entry.blob) / elapsed

@@ -43,6 +43,12 @@ _SERIES = [
         "Host-RAM entries dropped instead of restored (a re-prefill was cheaper).",
     ),
     (
+        "restores_failed_total",
+        "phalanx_node_restores_failed_total",
+        "counter",
+        "Session states llama.cpp refused to load (another model or cache settings); prefilled.",
+    ),
+    (
         "cancelled_total",
         "phalanx_node_cancelled_total",
         "counter",

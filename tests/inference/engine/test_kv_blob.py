@@ -136,3 +136,35 @@ def test_tiling_repeats_the_cells_at_consecutive_positions(v_trans: int) -> None
     assert len(kv_blob.split(rest, 6)[0]) == len(first)
     with pytest.raises(UnsplittableState):
         kv_blob.tile(state([]), 4)
+
+
+def test_a_state_is_rewritten_for_a_context_of_the_other_layout() -> None:
+    split_streams = state([0, 1, 2], n_stream=8, stream=5)
+    assert kv_blob.with_stream_count(split_streams, 1) == state([0, 1, 2], n_stream=1)
+    unified = state([0, 1, 2], n_stream=1)
+    assert kv_blob.with_stream_count(unified, 1) is unified  # already right: no copy
+    assert kv_blob.with_stream_count(unified, 8) == state([0, 1, 2], n_stream=8)
+
+
+@pytest.mark.model
+def test_a_session_moves_between_nodes_of_either_kv_layout() -> None:
+    from inference.engine.llama import ContextShape, LlamaContext, LlamaModel
+    from tests.support.processes import bundled_model_path
+
+    model = LlamaModel(str(bundled_model_path()))
+    unified = LlamaContext(model, ContextShape(4, 256, kv_unified=True))
+    per_sequence = LlamaContext(model, ContextShape(4, 256, kv_unified=False))
+    try:
+        for pos, token in enumerate(model.tokenize("The quick brown fox " * 12)[:40]):
+            unified.batch.add(token, pos, 2, want_logits=False)
+        unified.decode()
+        unified.batch.clear()
+        per_sequence.state_import(1, unified.state_export(2))  # llama.cpp alone refuses this
+        unified.state_import(3, per_sequence.state_export(1))
+        moved = unified.state_export(3)
+        unified.state_import(3, unified.state_export(2))
+        assert moved == unified.state_export(3)  # the same cells as a copy that never left
+    finally:
+        unified.close()
+        per_sequence.close()
+        model.close()

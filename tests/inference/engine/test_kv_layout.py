@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engine import kv_layout
+from inference.engine import kv_blob, kv_layout
 from inference.engine.llama import ContextShape, LlamaModel
 from tests.inference.engine.conftest import make_engine
 from tests.support.processes import bundled_model_path
@@ -42,5 +42,31 @@ def test_an_engine_left_to_choose_sets_up_the_layout_it_measured(tmp_path, monke
     try:
         assert engine.snapshot()["kv_layout"] is None  # set by hand: nothing measured
         assert engine.snapshot()["kv_settings"]["kv_unified"] == "true"
+    finally:
+        engine.stop()
+
+
+def test_a_cache_file_it_cannot_use_is_measured_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kv_layout.cache_path().parent.mkdir(parents=True)
+    kv_layout.cache_path().write_text("[1, 2]")
+    model = LlamaModel(str(bundled_model_path()))
+    try:
+        assert kv_layout.choose(model, ContextShape(2, 256, threads=2)).measured
+    finally:
+        model.close()
+
+
+def test_a_layout_that_cannot_be_timed_falls_back_to_one_stream_per_sequence(
+    tmp_path, monkeypatch
+) -> None:
+    def cannot(*args, **kwargs):
+        raise kv_blob.UnsplittableState("2048 bytes after the state (a second cache?)")
+
+    monkeypatch.setattr(kv_layout, "choose", cannot)
+    engine = make_engine(sequences=2, ctx_per_seq=256, kv_unified=None)
+    try:
+        snap = engine.snapshot()
+        assert snap["kv_layout"] is None and snap["kv_settings"]["kv_unified"] == "false"
     finally:
         engine.stop()

@@ -332,3 +332,38 @@ def test_a_newcomer_keeps_the_prefix_of_the_entry_it_displaces() -> None:
     store.drop("b")
     assert store.take("c") == cells(SYSTEM + [3] * 10)
     assert store.used_bytes == 0 and store.prefixes == []
+
+
+def test_a_refused_newcomer_leaves_the_entries_it_shared_with_whole() -> None:
+    f = ReuseForecast()
+    f.note_turn("a")
+    f.note_turn("a")  # a is due back; b is unknown, so due last
+    store = HostStore(50, f, codec=CellsCodec())
+    assert store.put("a", cells(SYSTEM + [1] * 10))
+    assert not store.put("b", cells(SYSTEM + [2] * 10))
+    assert store.prefixes == [] and store.used_bytes == 50
+    assert store.take("a") == cells(SYSTEM + [1] * 10)
+
+
+def test_parts_that_no_longer_join_are_dropped_not_raised() -> None:
+    class NoJoin(CellsCodec):
+        @staticmethod
+        def join(prefix: bytes, suffix: bytes) -> bytes:
+            raise ValueError("prefix and suffix come from differently shaped caches")
+
+    store = HostStore(10_000, codec=NoJoin())
+    store.put("a", cells(SYSTEM + [1] * 10))
+    store.put("b", cells(SYSTEM + [2] * 10))
+    assert store.take("a") is None and "a" not in store and store.dropped_total == 1
+
+
+def test_a_state_llama_cpp_refuses_is_prefilled_instead() -> None:
+    class RefusingKv(FakeKv):
+        def state_import(self, seq_id: int, blob: bytes) -> None:
+            raise RuntimeError("llama_state_seq_set_data refused 100 bytes")
+
+    seqs = SequenceTable(RefusingKv(), 1, HostStore(10_000))
+    assert seqs.import_("moved", HostEntry(tokens=[1, 2, 3], blob=b"z" * 100))
+    got = seqs.acquire("moved", [1, 2, 3, 4])
+    assert got is not None and not got.restored_from_host and got.cached_tokens == 0
+    assert seqs.restores_failed == 1 and got.sequence.tokens == []
