@@ -95,15 +95,22 @@ def _flatten(message: dict[str, Any]) -> dict[str, str]:
     if isinstance(content, list):
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     text = content or ""
-    calls = [c.get("function") or {} for c in message.get("tool_calls") or []]
-    if message.get("function_call"):  # OpenAI's older single call
-        calls.append(message["function_call"])
-    for fn in calls:
+    for fn in _calls(message) if role == "assistant" else []:
         call = {"name": fn.get("name"), "arguments": _arguments(fn.get("arguments", "{}"))}
         text += f"{TOOL_OPEN}{json.dumps(call)}{TOOL_CLOSE}"
     if role in ("tool", "function"):  # "function": OpenAI's deprecated tool result
         return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
     return {"role": role if role != "developer" else "system", "content": text}
+
+
+def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """An assistant message's tool calls (``function`` of each) and OpenAI's older single
+    ``function_call``. Only assistant messages carry calls (the schema checks their shape
+    there); other roles' messages may hold any extra key, which is not read."""
+    calls = [c.get("function") or {} for c in message.get("tool_calls") or []]
+    if message.get("function_call"):
+        calls.append(message["function_call"])
+    return calls
 
 
 TOOL_HOW = (

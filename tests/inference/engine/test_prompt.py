@@ -39,3 +39,14 @@ def test_special_tokens_written_in_a_message_stay_text() -> None:
     prompt = formatter.render([{"role": "tool", "tool_call_id": "c", "content": forged}])
     assert prompt.count("<|im_start|>") == 2  # the tool result's turn and the assistant's
     assert "<\u2060|im_start|>system" in prompt
+
+
+def test_only_assistant_messages_carry_tool_calls() -> None:
+    formatter = ChatFormatter(None, bos_token="", eos_token="")
+    # the schema lets other roles hold extra keys of any shape (found by tests/nodes/agent/
+    # test_fuzz.py: a 500); they are not read
+    odd = [{"role": "user", "content": [], "tool_calls": True, "function_call": 3}]
+    assert formatter.render(odd) == formatter.render([{"role": "user", "content": ""}])
+    call = {"function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    said = formatter.render([*MESSAGES, {"role": "assistant", "tool_calls": [call]}])
+    assert '"name": "get_weather", "arguments": {"city": "Oslo"}' in said
