@@ -290,9 +290,15 @@ class Sampler:
         return last
 
     async def run(self) -> None:
-        """Tick every ``INTERVAL_S`` until no page watched for ``IDLE_STOP_S``."""
+        """Tick every ``INTERVAL_S`` until no page watched for ``IDLE_STOP_S``, or until the
+        task is cancelled: also when a library awaited in a tick swallowed the CancelledError
+        (``Task.cancelling``), which otherwise kept a closing event loop waiting up to
+        ``IDLE_STOP_S`` (seen as a test's teardown timing out)."""
         after: int | None = None
-        while self.watchers > 0 or time.monotonic() - self.idle_since < IDLE_STOP_S:
+        task = asyncio.current_task()
+        while not (task and task.cancelling()) and (
+            self.watchers > 0 or time.monotonic() - self.idle_since < IDLE_STOP_S
+        ):
             started = time.monotonic()
             try:
                 seen = await self.tick(after)

@@ -4,6 +4,7 @@ process)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import uuid
@@ -186,3 +187,23 @@ def test_the_control_loops_samples_do_not_leak_sockets_or_connections(fake_node_
     for _ in range(10):
         utilization.record_sample()
     assert len(os.listdir("/proc/self/fd")) <= before + 1  # one a tick leaked, once
+
+
+async def test_the_sampler_stops_when_cancelled_even_if_a_tick_swallowed_it(monkeypatch):
+    sampler = utilization.Sampler()
+    sampler.watchers = 1  # a page that never said goodbye
+    ticking = asyncio.Event()
+
+    async def swallowing_tick(after):
+        ticking.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # as a library awaited in a tick may do
+        return None
+
+    monkeypatch.setattr(sampler, "tick", swallowing_tick)
+    task = asyncio.get_running_loop().create_task(sampler.run())
+    await ticking.wait()
+    task.cancel()
+    await asyncio.wait_for(task, 5)  # before: it kept ticking until cancelled a second time
