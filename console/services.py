@@ -19,8 +19,7 @@ from console.errors import Conflict, Invalid, NotFound
 from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services
-from inference.bundled import file_sha256
-from inference.gguf_meta import read_gguf_info
+from inference.packages import services as package_services
 from inference.models import ApiToken, ModelPackage
 from nodes import services as node_services
 from nodes.models import Node, NodeEvent
@@ -44,9 +43,13 @@ def _node(node_id: str) -> Node:
     return node
 
 
-def _check_node(node: Node) -> None:
-    if node.package_id is not None and not ModelPackage.objects.filter(pk=node.package_id).exists():
-        raise Invalid(f"package: no package with id {node.package_id}.", field="package_id")
+def _check_node(node: Node, *, package_changed: bool = True) -> None:
+    if node.package_id is not None:
+        package = ModelPackage.objects.filter(pk=node.package_id).first()
+        if package is None:
+            raise Invalid(f"package: no package with id {node.package_id}.", field="package_id")
+        if package_changed:
+            package_services.package_check_deployable(package)
     try:
         node.full_clean(exclude=["package", "state", "last_seen_load"], validate_unique=False)
     except ValidationError as exc:
@@ -110,7 +113,7 @@ def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
     draft = Node(**{f: getattr(node, f) for f in ("node_id", *NODE_FIELDS)})
     for key, value in changes.items():
         setattr(draft, key, value)
-    _check_node(draft)
+    _check_node(draft, package_changed=draft.package_id != node.package_id)
     node_services.node_upsert(
         node_id=node_id,
         address=draft.address,
@@ -195,36 +198,17 @@ def token_role(token: ApiToken) -> Role:
 
 
 def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[ModelPackage, bool]:
-    """Register a GGUF file on this host as package ``name:version``, with what the file says of
-    itself; idempotent for the same file. Raises ``Invalid`` (missing file, bad name),
-    ``Conflict`` (``name:version`` exists with another file)."""
+    """Import the GGUF file at ``gguf_path`` on this host as package ``name:version`` (copied
+    into the package store, see ``inference.packages.services.package_import_file``);
+    idempotent for the same file. Raises ``Invalid`` (missing file, bad name), ``BadFile``
+    (not a GGUF), ``Conflict`` (``name:version`` exists with another file)."""
     path = Path(gguf_path)
     if not path.is_file():
         raise Invalid(f"gguf_path: no file at {gguf_path}.", field="gguf_path")
-    probe = ModelPackage(name=name, version=version, gguf_path=gguf_path, sha256="0" * 64)
-    try:
-        probe.full_clean(validate_unique=False, validate_constraints=False)
-    except ValidationError as exc:
-        raise invalid_from(exc) from exc
-    info = read_gguf_info(path)
-    try:
-        package, created = inference_services.package_register(
-            name=name,
-            version=version,
-            gguf_path=str(path),
-            sha256=file_sha256(path),
-            quantization=info.quantization,
-            architecture=info.architecture,
-            context_window=info.context_window,
-            chat_template=info.chat_template,
-        )
-        if created:
-            audit_record(
-                action="package.register", target=package.key, changes=[f"gguf_path: {gguf_path}"]
-            )
-        return package, created
-    except inference_services.PackageConflict as exc:
-        raise Conflict(str(exc), code="package_conflict", field="version") from exc
+    imported = package_services.package_import_file(
+        path=path, name=name, version=version, source={"kind": "import", "from": f"file {path}"}
+    )
+    return imported.package, imported.created
 
 
 def package_remove(*, package_id: int) -> None:

@@ -13,6 +13,11 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PHALANX_HOME", BASE_DIR / "var"))
 MODEL_DIR = VAR_DIR / "models"
+# Threads a package job (quantization build, evaluation node) uses; the embedded array pins its
+# nodes to one CPU each, so one thread leaves the rest of the machine to them.
+PACKAGE_JOB_THREADS = int(os.environ.get("PHALANX_PACKAGE_JOB_THREADS", 1))
+# Largest GGUF a browser or API upload may send (bytes; 16 GiB by default).
+PACKAGE_UPLOAD_MAX_BYTES = int(os.environ.get("PHALANX_PACKAGE_UPLOAD_MAX_BYTES", 16 << 30))
 
 SECRET_KEY = os.environ.get(
     "DJANGO_SECRET_KEY", "phalanx-dev-key-change-me-in-production-0123456789"

@@ -25,8 +25,8 @@ from console.access import Role
 from console.services import token_issue
 from inference import services as inference_services
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
-from inference.gguf_meta import read_gguf_info
 from inference.models import ModelPackage
+from inference.packages.services import package_import_file
 from nodes.agent.auth import ENV_CREDENTIAL
 from nodes.credentials import array_id, node_credential
 from nodes.models import Node
@@ -71,20 +71,24 @@ def node_cpu(index: int) -> str:
 
 
 def package_register_bundled(model_path: Path) -> ModelPackage:
-    """Register the bundled GGUF as ``smollm2-135m-instruct-q4_1:1`` (idempotent), with what the
-    file says of itself (quantization, context window, chat template)."""
-    info = read_gguf_info(model_path)
-    package, _ = inference_services.package_register(
+    """Import the bundled GGUF as ``smollm2-135m-instruct-q4_1:1`` into the package store
+    (idempotent), with what the file says of itself; a draft until it is evaluated."""
+    known = ModelPackage.objects.filter(
+        name=BUNDLED_PACKAGE_NAME, version=BUNDLED_PACKAGE_VERSION, sha256=SMOLLM2_135M.sha256
+    ).first()
+    if known is not None:
+        return known
+    imported = package_import_file(
+        path=model_path,
         name=BUNDLED_PACKAGE_NAME,
         version=BUNDLED_PACKAGE_VERSION,
-        gguf_path=str(model_path),
-        sha256=SMOLLM2_135M.sha256,
-        quantization=info.quantization or "Q4_1",
-        architecture=info.architecture,
-        context_window=info.context_window,
-        chat_template=info.chat_template,
+        source={
+            "kind": "import",
+            "from": f"python package {SMOLLM2_135M.package}=={SMOLLM2_135M.version}",
+            "checked_against": f"sha256 {SMOLLM2_135M.sha256}",
+        },
     )
-    return package
+    return imported.package
 
 
 def array_bootstrap(
@@ -120,7 +124,8 @@ def array_bootstrap(
             token = token_issue(
                 name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}", role=Role.ADMIN
             )[1]
-    return BootstrapResult(package, model_path, made, password, token)
+    stored = Path(package.gguf_path)
+    return BootstrapResult(package, stored if stored.is_file() else model_path, made, password, token)
 
 
 def _ensure_admin_user() -> str | None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import llama_cpp as C
+import numpy as np
 
 from inference.engine import kv_blob
 
@@ -35,16 +38,70 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
-_captured: list[str] | None = None  # llama.cpp's log lines while a context is created
+class _LogLines:
+    """One ``capture_log``: llama.cpp logs a line in fragments (a quantize line is three calls);
+    this joins them and hands each whole line, without its newline, to ``on_line``."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line = on_line
+        self.pending = ""
+        self.error: BaseException | None = None
+
+    def feed(self, text: str) -> None:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.deliver(line)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.deliver(self.pending)
+            self.pending = ""
+
+    def deliver(self, line: str) -> None:
+        if self.error is not None:
+            return
+        try:
+            self.on_line(line)
+        except BaseException as error:  # raised again when the capture ends, not inside C
+            self.error = error
+
+
+_log_lock = threading.Lock()
+_log_sinks: tuple[_LogLines, ...] = ()  # the open captures; replaced, never mutated
 
 
 @C.llama_log_callback
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs every tensor at load; keep only errors (GGML_LOG_LEVEL_ERROR == 4).
-    if _captured is not None:
-        _captured.append(text.decode("utf-8", "replace"))
+    message = text.decode("utf-8", "replace")
+    for sink in _log_sinks:
+        sink.feed(message)
     if level == 4:
-        print(text.decode("utf-8", "replace"), end="", flush=True)
+        print(message, end="", flush=True)
+
+
+@contextmanager
+def capture_log(on_line: Callable[[str], None]) -> Iterator[None]:
+    """Hand every line llama.cpp logs while the block runs to ``on_line`` (the text without
+    its newline), through the one log callback this module installs.
+
+    The callback is process-wide: lines that other threads make llama.cpp log meanwhile come
+    too. ``on_line`` runs on the thread that logs, inside llama.cpp; an exception it raises
+    stops the lines it is given and is raised again when the block ends (llama.cpp's call is
+    not interrupted)."""
+    global _log_sinks
+    _init_backend()
+    sink = _LogLines(on_line)
+    with _log_lock:
+        _log_sinks = (*_log_sinks, sink)
+    try:
+        yield
+    finally:
+        with _log_lock:
+            _log_sinks = tuple(s for s in _log_sinks if s is not sink)
+        sink.flush()
+    if sink.error is not None:
+        raise sink.error
 
 
 KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0}
@@ -90,7 +147,7 @@ class ContextSettings:
 
 
 def _settings_from_log(lines: list[str]) -> ContextSettings:
-    text = "".join(lines)
+    text = "\n".join(lines)
     flash = ["".join(groups) for groups in _FLASH_LINE.findall(text)]
     kv = _KV_LINE.search(text)
     unified = _UNIFIED_LINE.search(text)
@@ -100,6 +157,30 @@ def _settings_from_log(lines: list[str]) -> ContextSettings:
         type_v=kv.group(2) if kv else "unknown",
         kv_unified=unified.group(1) if unified else "unknown",
     )
+
+
+def file_type(name: str) -> int:
+    """llama.cpp's ``enum llama_ftype`` value for a file type name (``Q4_K_M`` ->
+    ``LLAMA_FTYPE_MOSTLY_Q4_K_M``). Raises ``KeyError`` for a name llama.cpp does not have."""
+    value = getattr(C, f"LLAMA_FTYPE_MOSTLY_{name}", None)
+    if not isinstance(value, int):
+        raise KeyError(name)
+    return value
+
+
+def quantize_model(
+    src: str, dst: str, ftype: int, *, allow_requantize: bool, threads: int
+) -> int:
+    """``llama_model_quantize``: write ``dst``, the model ``src`` with its weights quantized to
+    ``ftype`` (llama.cpp picks each tensor's type from it). ``allow_requantize``: quantized
+    tensors may be quantized again (else llama.cpp refuses them). ``threads``: worker threads.
+    Returns llama.cpp's code, 0 on success; why it failed is in its log (``capture_log``)."""
+    _init_backend()
+    params = C.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = max(1, threads)
+    params.allow_requantize = allow_requantize
+    return int(C.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
 
 
 class LlamaModel:
@@ -142,6 +223,11 @@ class LlamaModel:
     @property
     def eos_token(self) -> str:
         return self.token_text(C.llama_vocab_eos(self.vocab))
+
+    @property
+    def bos_id(self) -> int:
+        """The id of the beginning-of-sequence token (-1 when the vocabulary has none)."""
+        return C.llama_vocab_bos(self.vocab)
 
     def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = True
@@ -316,16 +402,28 @@ class LlamaContext:
         """Sample (and accept) a token from the logits at ``batch_index`` of the last decode."""
         return C.llama_sampler_sample(sampler, self.ptr, batch_index)
 
+    def output_logits(self) -> np.ndarray:
+        """The logits of the last decode, one row per token that the batch (as decoded, before
+        it is cleared) added with ``want_logits``, in batch order: float32, shape
+        ``(rows, n_vocab)``, a copy (the next decode overwrites llama.cpp's buffer). Raises
+        ``LlamaError`` when the decode kept none."""
+        raw = self.batch.raw
+        rows = sum(1 for i in range(self.batch.size) if raw.logits[i])
+        ptr = C.llama_get_logits(self.ptr)
+        if rows == 0 or not ptr:
+            raise LlamaError("the last decode kept no logits")
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.model.n_vocab)).copy()
+
+
+_create_lock = threading.Lock()
+
 
 def _create_context(model: LlamaModel, params) -> tuple[object, list[str]]:
     """``llama_init_from_model`` and the lines llama.cpp logged while it ran."""
-    global _captured
-    with _backend_lock:  # one capture at a time
-        _captured = []
-        try:
-            return C.llama_init_from_model(model.ptr, params), _captured
-        finally:
-            _captured = None
+    lines: list[str] = []
+    with _create_lock, capture_log(lines.append):  # one context at a time: its lines only
+        ptr = C.llama_init_from_model(model.ptr, params)
+    return ptr, lines
 
 
 class TokenBatch:

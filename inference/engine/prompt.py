@@ -21,16 +21,15 @@ from inference.chat_request import ToolMode
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 
-# ChatML, for models whose GGUF carries no template.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 
 class TemplateError(ValueError):
-    """The chat template could not render these messages."""
+    """The chat template could not render these messages (or does not load at all)."""
+
+
+class NoChatTemplate(TemplateError):
+    """The model's GGUF carries no chat template: a completion-only package. There is no
+    fallback (a base model given ChatML answers with the template's own markers)."""
 
 
 class ChatFormatter:
@@ -40,7 +39,11 @@ class ChatFormatter:
     is tokenized with special tokens parsed, so each one written inside a message would end
     the message or open a forged one (a tool result saying ``<|im_end|><|im_start|>system``);
     inside messages they are defused with a word joiner (U+2060) after their first character
-    and reach the model as the text they look like."""
+    and reach the model as the text they look like.
+
+    A template that does not compile (an unknown tag) or is missing does not stop the node:
+    ``load_error`` says why and every ``render`` raises ``TemplateError`` /
+    ``NoChatTemplate`` with that reason, which clients (and the package smoke test) see."""
 
     def __init__(
         self,
@@ -52,14 +55,29 @@ class ChatFormatter:
     ) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
-        self._template = env.from_string(template or CHATML_TEMPLATE)
+        self._template = None
+        self.load_error = ""
+        if not template:
+            self.load_error = (
+                "this model's GGUF has no chat template (a completion-only package); chat "
+                "completions need a package with a chat template"
+            )
+        else:
+            try:
+                self._template = env.from_string(template)
+            except Exception as exc:  # jinja's TemplateSyntaxError, and whatever a filter raises
+                self.load_error = f"chat template does not load: {exc}"
         self.bos_token = bos_token
         self.eos_token = eos_token
         protocol = (TOOL_OPEN, TOOL_CLOSE, "<tool_response>", "</tool_response>")
         self.special_texts = tuple(t for t in special_texts if t not in protocol)
 
     def render(self, messages: list[dict[str, Any]], tool_mode: ToolMode | None = None) -> str:
-        """Prompt text ending with the assistant's turn opener. Raises ``TemplateError``."""
+        """Prompt text ending with the assistant's turn opener. Raises ``TemplateError``
+        (``NoChatTemplate`` when the model has none)."""
+        if self._template is None:
+            kind = NoChatTemplate if "no chat template" in self.load_error else TemplateError
+            raise kind(self.load_error)
         plain = [_flatten(m) for m in messages]
         if tool_mode:
             plain = _with_tool_instructions(plain, tool_mode)

@@ -186,9 +186,15 @@ class NodeApp:
                 "kv": snap["kv_settings"],
                 "kv_layout": snap["kv_layout"],
                 "host_ram_budget_bytes": snap["host_ram_budget_bytes"],
+                "chat_template": self._template_status(),
             },
             self.headers,
         )
+
+    def _template_status(self) -> str:
+        """``"ok"``, or why chat completions are refused (no template, one that fails)."""
+        service = self.service
+        return (service.formatter.load_error or "ok") if service else "loading"
 
     def _models(self) -> dict[str, Any]:
         return {

@@ -18,6 +18,7 @@ from inference.chat_request import ChatRequest
 from inference.engine.prompt import (
     TOOL_OPEN,
     ChatFormatter,
+    NoChatTemplate,
     TemplateError,
     check_grammar,
     parse_tool_call,
@@ -72,6 +73,8 @@ class ChatService:
         assert model is not None
         try:
             text = self.formatter.render(chat.messages, chat.tool_mode)
+        except NoChatTemplate as exc:
+            raise BadRequest(str(exc), param="model", code="no_chat_template") from exc
         except TemplateError as exc:
             raise BadRequest(str(exc), param="messages", code="template_error") from exc
         size = len(text.encode("utf-8", "replace"))

@@ -1,5 +1,6 @@
 """``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``); each
-tick also keeps a utilization sample (``console.utilization.record_sample``)."""
+tick also keeps a utilization sample (``console.utilization.record_sample``) and starts,
+watches and cancels package jobs (``inference.packages.jobs.jobs_tick``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import signal
 from django.core.management.base import BaseCommand
 
 from console.utilization import record_sample
+from inference.packages.jobs import jobs_shutdown, jobs_tick
 from nodes.control import ControlLoop
+
+
+def after_tick() -> None:
+    record_sample()
+    jobs_tick()
 
 
 class Command(BaseCommand):
@@ -18,7 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="run one tick, print it, exit")
 
     def handle(self, *args, **options) -> None:
-        loop = ControlLoop(after_tick=record_sample)
+        loop = ControlLoop(after_tick=after_tick)
         if options["once"]:
             report = loop.tick()
             for node_id, status in report.statuses.items():
@@ -31,4 +38,7 @@ class Command(BaseCommand):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: loop.stop())
         self.stdout.write("control loop running")
-        loop.run()
+        try:
+            loop.run()
+        finally:
+            jobs_shutdown()

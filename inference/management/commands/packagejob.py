@@ -1,0 +1,25 @@
+"""``manage.py packagejob ID``: run one package job in this process (the control loop starts
+it; ``inference.packages.jobs``)."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from console.audit import acting_as
+from inference.models import PackageJob
+from inference.packages.jobs import job_execute
+
+
+class Command(BaseCommand):
+    help = "Run one package job (import, build, evaluate) to its end."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("job_id", type=int)
+
+    def handle(self, *args, **options) -> None:
+        job = PackageJob.objects.filter(pk=options["job_id"]).first()
+        if job is None:
+            raise CommandError(f"no job {options['job_id']}")
+        with acting_as(job.created_by or "system"):
+            done = job_execute(job.pk)
+        self.stdout.write(f"job {done.pk}: {done.state} {done.error}".rstrip())

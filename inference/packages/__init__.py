@@ -1,0 +1,1 @@
+"""Model packages as files: reading, rewriting, dequantizing and quantizing GGUF files."""

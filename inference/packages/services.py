@@ -1,0 +1,509 @@
+"""The package lifecycle: import, derive with a chat template, queue builds and evaluations,
+apply the gate, approve, reject, retire. Every change is audited (``console.audit``).
+
+Errors (``console.errors``): ``Invalid`` (a field, 422), ``BadFile`` (not a GGUF, 400),
+``NotFound``, ``Conflict`` (a status move that is not allowed, a version that exists, a
+package that may not be deployed: 409).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from console.audit import audit_record
+from console.errors import ConsoleError, Conflict, Invalid, NotFound
+from inference.models import ModelPackage, PackageJob, PackagePolicy
+from inference.packages import gate as gates
+from inference.packages.store import PackageStore
+
+Status = ModelPackage.Status
+QUANT_SUFFIX = re.compile(r"[-_.](q\d(_[0-9a-z]+)*|f16|f32|bf16|iq\d\w*)$", re.IGNORECASE)
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}  # the node's defaults (engine/sampling)
+
+
+class BadFile(ConsoleError):
+    """The file is not a GGUF (or not a readable one): 400 with the reason."""
+
+    status = 400
+    code = "not_gguf"
+
+
+@dataclass
+class Imported:
+    """What an import made: the package, whether it is new, warnings for the operator."""
+
+    package: ModelPackage
+    created: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+def package_store() -> PackageStore:
+    """The store under ``PHALANX_HOME/packages``."""
+    return PackageStore(Path(settings.VAR_DIR) / "packages")
+
+
+def package_get(package_id: int) -> ModelPackage:
+    package = ModelPackage.objects.filter(pk=package_id).first()
+    if package is None:
+        raise NotFound(f"No package {package_id}.", code="package_not_found")
+    return package
+
+
+def family_of(name: str) -> str:
+    """``smollm2-135m-instruct-q4_1`` -> ``smollm2-135m-instruct``: the name without a
+    quantization suffix."""
+    return QUANT_SUFFIX.sub("", name) or name
+
+
+def next_version(name: str) -> str:
+    """``"1"`` for a new name, else one more than the highest numeric version."""
+    numbers = [int(v) for v in ModelPackage.objects.filter(name=name).values_list("version", flat=True) if v.isdigit()]
+    return str(max(numbers, default=0) + 1)
+
+
+def _read_facts(path: Path):
+    from inference.packages.gguf_files import NotGguf, read_facts
+
+    try:
+        return read_facts(path)
+    except NotGguf as exc:
+        raise BadFile(str(exc)) from exc
+
+
+def _check_name(name: str, version: str) -> None:
+    probe = ModelPackage(name=name, version=version, gguf_path="x", sha256="0" * 64)
+    from django.core.exceptions import ValidationError
+
+    try:
+        probe.full_clean(validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        field, messages = next(iter(exc.message_dict.items()))
+        raise Invalid(f"{field}: {messages[0]}", field=field) from exc
+
+
+def package_import_file(
+    *,
+    path: Path,
+    name: str,
+    version: str | None = None,
+    family: str | None = None,
+    source: dict[str, Any],
+    chat_template: str | None = None,
+    workdir: Path | None = None,
+) -> Imported:
+    """Store the GGUF at ``path`` and register it as draft ``name:version``; returns the
+    package, whether it is new, and warnings for the operator (no chat template).
+
+    A GGUF without a template becomes a completion-only package unless ``chat_template`` is
+    given, which is then written into a copy of the file (``tokenizer.chat_template``): the
+    package is still one exact file. A template given for a GGUF that has one replaces it.
+    Idempotent: the same file under the same name:version returns the existing package.
+    Raises ``BadFile``, ``Invalid``, ``Conflict`` (name:version exists with another file).
+    """
+    facts = _read_facts(path)
+    version = version or next_version(name)
+    _check_name(name, version)
+    warnings: list[str] = []
+    template_source = ModelPackage.TemplateSource.GGUF
+    if chat_template is not None and chat_template.strip():
+        path = _with_template(path, chat_template, workdir)
+        facts = _read_facts(path)
+        template_source = ModelPackage.TemplateSource.OPERATOR
+    elif not facts.chat_template:
+        template_source = ModelPackage.TemplateSource.NONE
+        warnings.append(
+            "This GGUF has no chat template: the package is completion-only and nodes refuse "
+            "chat completions for it. Give a chat template (the model's turn format) to make a "
+            "chat version."
+        )
+    stored = package_store().add_file(path)
+    lineage = {**source, "template": template_source}
+    package, created = _register(
+        name=name,
+        version=version,
+        family=family or family_of(name),
+        stored_path=str(stored.path),
+        sha256=stored.sha256,
+        size_bytes=stored.size_bytes,
+        facts=facts,
+        template_source=template_source,
+        lineage=lineage,
+        parent=None,
+    )
+    return Imported(package, created, warnings)
+
+
+def _with_template(path: Path, template: str, workdir: Path | None) -> Path:
+    from inference.packages.gguf_files import write_with_chat_template
+
+    store = package_store()
+    target_dir = workdir or store.work_dir(f"template-{timezone.now().timestamp():.0f}")
+    target = target_dir / "with-template.gguf"
+    write_with_chat_template(path, target, template)
+    return target
+
+
+@transaction.atomic
+def _register(
+    *,
+    name: str,
+    version: str,
+    family: str,
+    stored_path: str,
+    sha256: str,
+    size_bytes: int,
+    facts: Any,
+    template_source: str,
+    lineage: dict[str, Any],
+    parent: ModelPackage | None,
+    build_report: dict[str, Any] | None = None,
+) -> tuple[ModelPackage, bool]:
+    existing = ModelPackage.objects.filter(name=name, version=version).first()
+    if existing is not None:
+        if existing.sha256 != sha256:
+            raise Conflict(
+                f"{existing.key} exists with another file (sha256 {existing.sha256[:12]}…); "
+                "a change is a new version.",
+                code="package_conflict",
+                field="version",
+            )
+        return existing, False
+    package = ModelPackage.objects.create(
+        name=name,
+        version=version,
+        family=family,
+        gguf_path=stored_path,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        quantization=facts.quantization,
+        architecture=facts.architecture,
+        parameters=facts.parameters,
+        context_window=facts.context_length or 2048,
+        chat_template=facts.chat_template,
+        chat_template_sha256=facts.chat_template_sha256,
+        template_source=template_source,
+        tensor_types=facts.tensor_types,
+        ctx_per_seq=min(2048, facts.context_length or 2048),
+        sequences=8,
+        sampling=dict(DEFAULT_SAMPLING),
+        lineage=lineage,
+        parent=parent,
+        build_report=build_report,
+    )
+    audit_record(
+        action="package.create",
+        target=package.key,
+        changes=[f"{k}: {v}" for k, v in lineage.items()] + [f"sha256: {sha256}"],
+    )
+    return package, True
+
+
+def package_with_template(
+    *, package_id: int, chat_template: str, version: str | None = None
+) -> ModelPackage:
+    """A new draft version of ``package_id`` whose GGUF carries ``chat_template`` (an
+    operator-supplied template for a GGUF without one, or a corrected one). Raises
+    ``Invalid`` (empty template), ``NotFound``."""
+    if not chat_template.strip():
+        raise Invalid("chat_template: give the template text (Jinja).", field="chat_template")
+    source = package_get(package_id)
+    store = package_store()
+    work = store.work_dir(f"template-{source.pk}")
+    try:
+        path = _with_template(Path(source.gguf_path), chat_template, work)
+        stored = store.add_file(path)
+        facts = _read_facts(stored.path)
+    finally:
+        store.discard_work(f"template-{source.pk}")
+    package, _ = _register(
+        name=source.name,
+        version=version or next_version(source.name),
+        family=source.family or family_of(source.name),
+        stored_path=str(stored.path),
+        sha256=stored.sha256,
+        size_bytes=stored.size_bytes,
+        facts=facts,
+        template_source=ModelPackage.TemplateSource.OPERATOR,
+        lineage={"kind": "template", "from": source.key, "from_id": source.pk},
+        parent=source,
+    )
+    return package
+
+
+def package_register_built(
+    *, source: ModelPackage, path: Path, name: str, version: str, report: dict[str, Any]
+) -> ModelPackage:
+    """Store a quantizer's output and register it as a draft built from ``source``."""
+    stored = package_store().add_file(path)
+    facts = _read_facts(stored.path)
+    package, _ = _register(
+        name=name,
+        version=version,
+        family=source.family or family_of(source.name),
+        stored_path=str(stored.path),
+        sha256=stored.sha256,
+        size_bytes=stored.size_bytes,
+        facts=facts,
+        template_source=source.template_source,
+        lineage={
+            "kind": "build",
+            "from": source.key,
+            "from_id": source.pk,
+            "requested": report.get("requested"),
+            "method": report.get("method"),
+        },
+        parent=source,
+        build_report=report,
+    )
+    return package
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def _move(package: ModelPackage, to: str, reason: str = "") -> ModelPackage:
+    if to not in ModelPackage.STATUS_MOVES[package.status]:
+        raise Conflict(
+            f"{package.key} is {package.status}; it cannot become {to}.", code="package_status"
+        )
+    before = package.status
+    package.status = to
+    package.status_reason = reason
+    package.save(update_fields=["status", "status_reason"])
+    audit_record(
+        action=f"package.{to}",
+        target=package.key,
+        changes=[f"status: {before} \u2192 {to}"] + ([f"reason: {reason}"] if reason else []),
+    )
+    return package
+
+
+@transaction.atomic
+def package_approve(*, package_id: int, override_reason: str = "") -> ModelPackage:
+    """Approve a version whose evaluation passed the gate; one that did not (or was never
+    evaluated) only with ``override_reason``, which is recorded. Raises ``Conflict`` (the
+    gate has not passed and no reason was given, or the status does not allow it)."""
+    package = package_get(package_id)
+    passed = bool((package.gate or {}).get("passed"))
+    if not passed and not override_reason.strip():
+        why = (package.gate or {}).get("summary") or "it has not been evaluated"
+        raise Conflict(
+            f"{package.key} has not passed the gate ({why}); approving it needs an "
+            "override reason.",
+            code="gate_not_passed",
+        )
+    reason = "gate passed" if passed else f"override: {override_reason.strip()}"
+    return _move(package, Status.APPROVED, reason)
+
+
+@transaction.atomic
+def package_reject(*, package_id: int, reason: str) -> ModelPackage:
+    """Reject a version by hand. Raises ``Invalid`` (no reason), ``Conflict``."""
+    if not reason.strip():
+        raise Invalid("reason: say why the version is rejected.", field="reason")
+    return _move(package_get(package_id), Status.REJECTED, reason.strip())
+
+
+@transaction.atomic
+def package_retire(*, package_id: int) -> ModelPackage:
+    """Retire a version: no node may be given it again. Raises ``Conflict`` while nodes
+    serve it."""
+    package = package_get(package_id)
+    if package.nodes.exists():
+        raise Conflict(f"{package.key} is served by nodes; move them first.", code="package_in_use")
+    return _move(package, Status.RETIRED)
+
+
+def package_check_deployable(package: ModelPackage) -> None:
+    """Raise ``Conflict`` (409) naming why a node may not be given ``package``: rejected
+    (with the failed criteria) or retired."""
+    if package.status == Status.REJECTED:
+        raise Conflict(
+            f"{package.key} is rejected ({package.status_reason or 'failed its gate'}); "
+            "it cannot be deployed.",
+            code="package_rejected",
+            field="package_id",
+        )
+    if package.status == Status.RETIRED:
+        raise Conflict(
+            f"{package.key} is retired; it cannot be deployed.",
+            code="package_retired",
+            field="package_id",
+        )
+
+
+# --- gate -----------------------------------------------------------------------------------
+
+
+def policy_for(family: str) -> gates.Policy:
+    row = PackagePolicy.objects.filter(family=family).first()
+    if row is None:
+        return gates.Policy()
+    return gates.Policy(
+        min_tool_accuracy=row.min_tool_accuracy,
+        min_schema_valid=row.min_schema_valid,
+        max_regression=row.max_regression,
+        max_perplexity_increase=row.max_perplexity_increase,
+    )
+
+
+def approved_baseline(package: ModelPackage) -> ModelPackage | None:
+    """The family's newest approved version other than ``package`` (with an evaluation)."""
+    return (
+        ModelPackage.objects.filter(family=package.family, status=Status.APPROVED)
+        .exclude(pk=package.pk)
+        .exclude(evaluation=None)
+        .order_by("-created_at", "-id")
+        .first()
+    )
+
+
+@transaction.atomic
+def package_record_evaluation(*, package_id: int, report: dict[str, Any]) -> gates.GateResult:
+    """Keep an evaluation report on the version and apply the gate: a pass approves it, a
+    fail rejects it with the failed criteria named."""
+    package = ModelPackage.objects.select_for_update().get(pk=package_id)
+    baseline = approved_baseline(package)
+    result = gates.gate_check(
+        report,
+        policy_for(package.family),
+        baseline.evaluation if baseline else None,
+        baseline.key if baseline else "",
+    )
+    package.evaluation = report
+    package.gate = result.as_dict()
+    package.evaluated_at = timezone.now()
+    package.save(update_fields=["evaluation", "gate", "evaluated_at"])
+    if package.status != Status.EVALUATING:
+        _move(package, Status.EVALUATING)
+    _move(package, Status.APPROVED if result.passed else Status.REJECTED, result.summary())
+    return result
+
+
+def policy_update(*, family: str, changes: dict[str, float]) -> PackagePolicy:
+    """Set some limits of ``family``'s gate. Raises ``Invalid`` for a bad value."""
+    from django.core.exceptions import ValidationError
+
+    row, _ = PackagePolicy.objects.get_or_create(family=family)
+    before = {k: getattr(row, k) for k in changes}
+    for key, value in changes.items():
+        setattr(row, key, value)
+    try:
+        row.full_clean()
+    except ValidationError as exc:
+        field, messages = next(iter(exc.message_dict.items()))
+        raise Invalid(f"{field}: {messages[0]}", field=field) from exc
+    row.save()
+    audit_record(
+        action="package.policy",
+        target=family,
+        changes=[f"{k}: {before[k]} \u2192 {v}" for k, v in changes.items() if before[k] != v],
+    )
+    return row
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+
+def job_enqueue(
+    *, kind: str, package: ModelPackage | None, params: dict[str, Any]
+) -> PackageJob:
+    """A queued job row; the control loop starts it in its own process."""
+    from console.audit import current_actor
+
+    job = PackageJob.objects.create(
+        kind=kind, package=package, params=params, created_by=current_actor()[:150]
+    )
+    audit_record(
+        action=f"package.{kind}",
+        target=package.key if package else params.get("requirement") or params.get("path", ""),
+        changes=[f"job {job.pk} queued"] + [f"{k}: {v}" for k, v in params.items()],
+    )
+    return job
+
+
+def package_build_enqueue(
+    *,
+    package_id: int,
+    quantization: str,
+    method: str = "f16",
+    name: str | None = None,
+    version: str | None = None,
+) -> PackageJob:
+    """Queue a quantization build from ``package_id``. Raises ``Invalid`` (unknown type or
+    method), ``NotFound``."""
+    from inference.engine.quantize import QUANT_LADDER
+
+    source = package_get(package_id)
+    quantization = quantization.strip().upper()
+    if quantization not in QUANT_LADDER:
+        raise Invalid(
+            f"quantization: {quantization!r} is not one of {', '.join(QUANT_LADDER)}.",
+            field="quantization",
+        )
+    if method not in ("f16", "requantize"):
+        raise Invalid("method: 'f16' (dequantize first) or 'requantize'.", field="method")
+    name = name or f"{family_of(source.name)}-{quantization.lower()}"
+    _check_name(name, version or "1")
+    return job_enqueue(
+        kind=PackageJob.Kind.BUILD,
+        package=source,
+        params={"quantization": quantization, "method": method, "name": name, "version": version},
+    )
+
+
+def package_evaluate_enqueue(*, package_id: int, subset: int | None = None) -> PackageJob:
+    """Queue an evaluation. Raises ``Conflict`` for an approved or retired version (its
+    figures are part of what was approved) or one already being evaluated."""
+    package = package_get(package_id)
+    if package.status in (Status.APPROVED, Status.RETIRED):
+        raise Conflict(f"{package.key} is {package.status}; its evaluation is final.", code="package_status")
+    if PackageJob.objects.filter(
+        package=package, kind=PackageJob.Kind.EVALUATE, state__in=["queued", "running"]
+    ).exists():
+        raise Conflict(f"{package.key} is being evaluated already.", code="job_exists")
+    if subset is not None and subset < 1:
+        raise Invalid("subset: at least 1 case.", field="subset")
+    return job_enqueue(kind=PackageJob.Kind.EVALUATE, package=package, params={"subset": subset})
+
+
+def package_import_enqueue(
+    *, name: str, path: str = "", requirement: str = "", chat_template: str | None = None, version: str | None = None
+) -> PackageJob:
+    """Queue an import from a file on this host (``path``) or a Python package
+    (``requirement``: ``name`` or ``name==version``). Raises ``Invalid``."""
+    if bool(path) == bool(requirement):
+        raise Invalid("Give either path or requirement.", field="path")
+    if path and not Path(path).is_file():
+        raise Invalid(f"path: no file at {path}.", field="path")
+    _check_name(name, version or "1")
+    params = {"name": name, "version": version, "path": path, "requirement": requirement}
+    if chat_template:
+        params["chat_template"] = chat_template
+    return job_enqueue(kind=PackageJob.Kind.IMPORT, package=None, params=params)
+
+
+def job_cancel(*, job_id: int) -> PackageJob:
+    """Ask for a job to stop: a queued one is cancelled now, a running one by the control loop
+    (its process is killed and its scratch space removed). Raises ``NotFound``,
+    ``Conflict`` (already finished)."""
+    with transaction.atomic():
+        job = PackageJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None:
+            raise NotFound(f"No job {job_id}.", code="job_not_found")
+        if job.finished:
+            raise Conflict(f"Job {job_id} has {job.state} already.", code="job_finished")
+        job.cancel_requested = True
+        if job.state == PackageJob.State.QUEUED:
+            job.state = PackageJob.State.CANCELLED
+            job.finished_at = timezone.now()
+        job.save(update_fields=["cancel_requested", "state", "finished_at"])
+        audit_record(action="package.job_cancel", target=f"job {job_id}")
+    return job
