@@ -4,6 +4,10 @@ An ASGI wrapper in front of Django (both handlers): a ``Content-Length`` over th
 refused before a byte of the body is read; a chunked body is counted as it arrives and refused
 the moment it passes the limit. Django's own check (``DATA_UPLOAD_MAX_MEMORY_SIZE``) would
 answer 400, and only after reading the whole body into a spooled file.
+
+Upload paths (``uploads``: path -> limit, the package upload) are not buffered here: they must
+declare a ``Content-Length`` (411 without one, 413 over their limit) and their body streams on
+to Django, which spools it to a file on disk, never holding it in memory.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ class BodyLimit:
     """Wraps ``app``; reads each request's body (at most ``limit`` bytes) before calling it and
     hands it over in one message; later ``receive`` calls (disconnect) go to the server."""
 
-    def __init__(self, app: Any, *, limit: int) -> None:
+    def __init__(self, app: Any, *, limit: int, uploads: dict[str, int] | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.uploads = uploads or {}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        upload_limit = self.uploads.get(scope.get("path", ""))
+        if upload_limit is not None and scope.get("method") in ("POST", "PUT"):
+            return await self._upload(scope, receive, send, upload_limit)
         if _declared_length(scope) > self.limit:
             return await self._too_large(send)
         chunks: list[bytes] = []
@@ -42,34 +50,71 @@ class BodyLimit:
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
+    async def _upload(self, scope: Scope, receive: Any, send: Any, limit: int) -> None:
+        declared = _declared_length(scope, missing=-1)
+        if declared < 0:
+            message = "An upload must declare its Content-Length."
+            return await _refuse(send, 411, message, "length_required")
+        if declared > limit:
+            message = f"The upload of {declared:,} bytes is over the limit of {limit:,} bytes."
+            return await _refuse(send, 413, message, "body_too_large")
+        await self.app(scope, _at_most(declared, receive), send)
+
     async def _too_large(self, send: Any) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"The request body is over the limit of {self.limit} bytes.",
-                    "type": "invalid_request_error",
-                    "code": "body_too_large",
-                    "param": None,
-                }
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        message = f"The request body is over the limit of {self.limit} bytes."
+        await _refuse(send, 413, message, "body_too_large")
 
 
-def _declared_length(scope: Scope) -> int:
+async def _refuse(send: Any, status: int, message: str, code: str) -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "code": code,
+                "param": None,
+            },
+            "detail": message,
+            "code": code,
+        }
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _at_most(declared: int, receive: Any) -> Any:
+    """``receive`` that ends the body after ``declared`` bytes (a client sending more than it
+    declared gets the rest ignored)."""
+    seen = 0
+
+    async def bounded() -> dict[str, Any]:
+        nonlocal seen
+        if seen >= declared and declared > 0:
+            return await receive()
+        message = await receive()
+        if message["type"] == "http.request":
+            body = message.get("body", b"")[: max(0, declared - seen)]
+            seen += len(body)
+            more = message.get("more_body", False) and seen < declared
+            return {**message, "body": body, "more_body": more}
+        return message
+
+    return bounded
+
+
+def _declared_length(scope: Scope, missing: int = 0) -> int:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             try:
                 return int(value)
             except ValueError:
-                return 0
-    return 0
+                return missing
+    return missing
 
 
 def _replay(body: bytes, receive: Any) -> Any:

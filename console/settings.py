@@ -80,7 +80,9 @@ def _database_from_env() -> dict:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     return {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": VAR_DIR / "phalanx.sqlite3",
+        # PHALANX_SQLITE: the database file a job process uses (its parent's, which is the test
+        # database under pytest; inference/packages/jobs.py)
+        "NAME": os.environ.get("PHALANX_SQLITE") or VAR_DIR / "phalanx.sqlite3",
         # Keep connections open between requests (Django closes them by default): reopening
         # one (with the PRAGMAs below) costs about 0.5 ms of every proxied request's TTFT.
         "CONN_MAX_AGE": 600,

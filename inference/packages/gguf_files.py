@@ -152,11 +152,19 @@ def dequantize_to_f16(
     convert = {
         t.name: (_T.F16 if len(t.shape) >= 2 else _T.F32)
         for t in reader.tensors
-        if t.tensor_type.name not in FLOAT_TYPES - {"BF16"} and _is_float_data(t.tensor_type)
+        if t.tensor_type == _T.BF16 or is_quantized(t.tensor_type.name)
     }
     changes = {FILE_TYPE: (int(gguf.LlamaFileType.MOSTLY_F16), _V.UINT32)}
     with atomic_path(dst, mode_from=src) as part:
         _write_copy(reader, part, changes, convert=convert, progress=progress)
+
+
+def is_quantized(type_name: str) -> bool:
+    """Whether a ggml type name (``Q4_K``, ``IQ4_NL``, ``F32``, ``I32``) is a type of quantized
+    blocks, not a float or integer type."""
+    return type_name not in FLOAT_TYPES and (
+        not type_name.startswith("I") or type_name.startswith("IQ")
+    )
 
 
 @contextmanager
@@ -220,11 +228,6 @@ def _quantization(reader: gguf.GGUFReader) -> str:
         return name.removeprefix("MOSTLY_").removeprefix("ALL_")
     weights = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2)
     return weights.most_common(1)[0][0] if weights else ""
-
-
-def _is_float_data(tensor_type: gguf.GGMLQuantizationType) -> bool:
-    """True for the types that hold real numbers (floats and quantized blocks), not integers."""
-    return not tensor_type.name.startswith("I") or tensor_type.name.startswith("IQ")
 
 
 def _field_value(field: Any) -> Any:

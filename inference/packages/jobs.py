@@ -260,6 +260,7 @@ def _start(job: PackageJob) -> None:
         child = subprocess.Popen(
             args,
             cwd=settings.BASE_DIR,
+            env=_child_environment(),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -273,6 +274,17 @@ def _start(job: PackageJob) -> None:
         attempts=job.attempts + 1,
         heartbeat_at=timezone.now(),
     )
+
+
+def _child_environment() -> dict[str, str]:
+    """This process's environment, with the SQLite file it is connected to (the same
+    database whatever ``PHALANX_HOME`` the child would derive; the test database in tests)."""
+    from django.db import connection
+
+    env = {**os.environ, "PHALANX_HOME": str(settings.VAR_DIR)}
+    if connection.vendor == "sqlite":
+        env["PHALANX_SQLITE"] = str(connection.settings_dict["NAME"])
+    return env
 
 
 def _alive(job: PackageJob) -> bool:

@@ -21,7 +21,7 @@ from console.audit import audit_record
 from console.errors import ConsoleError, Conflict, Invalid, NotFound
 from inference.models import ModelPackage, PackageJob, PackagePolicy
 from inference.packages import gate as gates
-from inference.packages.store import PackageStore
+from inference.packages.store import PackageStore, TooLarge
 
 Status = ModelPackage.Status
 QUANT_SUFFIX = re.compile(r"[-_.](q\d(_[0-9a-z]+)*|f16|f32|bf16|iq\d\w*)$", re.IGNORECASE)
@@ -123,7 +123,8 @@ def package_import_file(
             "chat completions for it. Give a chat template (the model's turn format) to make a "
             "chat version."
         )
-    stored = package_store().add_file(path)
+    store = package_store()
+    stored = store.stored(path) if store.holds(path) else store.add_file(path)
     lineage = {**source, "template": template_source}
     package, created = _register(
         name=name,
@@ -138,6 +139,57 @@ def package_import_file(
         parent=None,
     )
     return Imported(package, created, warnings)
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def package_import_upload(
+    *,
+    chunks: Any,
+    name: str,
+    version: str | None = None,
+    expected_sha256: str = "",
+    filename: str = "",
+    chat_template: str | None = None,
+) -> Imported:
+    """Store an uploaded GGUF as it arrives (``chunks``: an iterable of bytes, never all in
+    memory) and import it. Raises ``BadFile`` (not a GGUF, checksum mismatch: nothing is
+    kept), ``Invalid`` (bad name; over ``PACKAGE_UPLOAD_MAX_BYTES``), ``Conflict``."""
+    version = version or next_version(name)
+    _check_name(name, version)
+    chunks = iter(chunks)
+    first = next(chunks, b"")
+    if first[:4] != GGUF_MAGIC:
+        raise BadFile(
+            f"{filename or 'the upload'} is not a GGUF file: it starts with {first[:4]!r}, a GGUF "
+            f"file starts with {GGUF_MAGIC!r}."
+        )
+    store = package_store()
+    try:
+        stored = store.add_stream(_prepend(first, chunks), max_bytes=settings.PACKAGE_UPLOAD_MAX_BYTES)
+    except TooLarge as exc:
+        raise Invalid(f"file: {exc}.", field="file") from exc
+    known = set(ModelPackage.objects.values_list("gguf_path", flat=True))
+    try:
+        if expected_sha256 and expected_sha256.lower() != stored.sha256:
+            raise BadFile(
+                f"the upload's sha256 is {stored.sha256}, not the {expected_sha256} it was "
+                "sent with: the file changed on the way."
+            )
+        source = {"kind": "import", "from": f"upload {filename or '(unnamed)'}"}
+        return package_import_file(
+            path=stored.path, name=name, version=version, source=source, chat_template=chat_template
+        )
+    except Exception:
+        if str(stored.path) not in known:
+            stored.path.unlink(missing_ok=True)
+        raise
+
+
+def _prepend(first: bytes, rest: Any) -> Any:
+    yield first
+    yield from rest
 
 
 def _with_template(path: Path, template: str, workdir: Path | None) -> Path:

@@ -109,6 +109,10 @@ class PackageStore:
             removed.append(path)
         return removed
 
+    def stored(self, path: Path) -> Stored:
+        """A file already in the store (named by its sha256)."""
+        return Stored(sha256=Path(path).stem, path=Path(path), size_bytes=Path(path).stat().st_size)
+
     def holds(self, path: str | Path) -> bool:
         """True when ``path`` is a file of this store."""
         try:
