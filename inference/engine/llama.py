@@ -168,9 +168,7 @@ def file_type(name: str) -> int:
     return value
 
 
-def quantize_model(
-    src: str, dst: str, ftype: int, *, allow_requantize: bool, threads: int
-) -> int:
+def quantize_model(src: str, dst: str, ftype: int, *, allow_requantize: bool, threads: int) -> int:
     """``llama_model_quantize``: write ``dst``, the model ``src`` with its weights quantized to
     ``ftype`` (llama.cpp picks each tensor's type from it). ``allow_requantize``: quantized
     tensors may be quantized again (else llama.cpp refuses them). ``threads``: worker threads.

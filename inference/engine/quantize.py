@@ -106,5 +106,7 @@ def quantize(
         dst.unlink(missing_ok=True)
         reasons = [m.group(1).strip() for line in lines if (m := _FAILED_LINE.search(line))]
         reason = reasons[-1] if reasons else f"llama_model_quantize returned {code}"
-        raise QuantizeError(f"llama.cpp could not quantize {Path(src).name} to {type_name}: {reason}")
+        raise QuantizeError(
+            f"llama.cpp could not quantize {Path(src).name} to {type_name}: {reason}"
+        )
     return lines

@@ -1,10 +1,12 @@
 """Building a quantized GGUF from another: the file work of a package build (no Django).
 
 Two methods. ``f16`` first dequantizes a quantized source to F16 (``gguf_files``), then has
-llama.cpp quantize that: each weight is quantized once, from the source's values. ``requantize``
-has llama.cpp quantize the quantized source directly (it dequantizes each tensor to F32 on the
-fly): quicker, no intermediate file, the same result on these formats. Either way a quantized
-source's error stays in the result: a build never recovers the original weights.
+llama.cpp quantize that F16 file, as it would a model converted from the original weights.
+``requantize`` has llama.cpp quantize the quantized source directly (it dequantizes each tensor
+to F32 as it goes): no intermediate file. The two differ only by the F16 rounding of the
+dequantized values. Either way a quantized source's error stays in the result and the new
+type's error adds to it: a build never recovers the original weights, and a type with more
+bits than the source can come out worse than the source (Q5_1 from SmolLM2's Q4_1 did).
 
 On a model whose hidden size is not a multiple of 256 (SmolLM2-135M: 576), most tensors cannot
 take a K-quant and llama.cpp falls back to another type (``inference.engine.quantize``); the
@@ -105,11 +107,15 @@ def build_quantized(
     started = time.monotonic()
     source, out = Path(source), Path(out)
     if target not in QUANT_LADDER:
-        raise QuantizeError(f"unknown quantization type {target!r}: one of {', '.join(QUANT_LADDER)}")
+        raise QuantizeError(
+            f"unknown quantization type {target!r}: one of {', '.join(QUANT_LADDER)}"
+        )
     if method not in METHODS:
         raise ValueError(f"unknown build method {method!r}: one of {', '.join(METHODS)}")
     if not out.parent.is_dir():
-        raise FileNotFoundError(errno.ENOENT, "no directory for the build's output", str(out.parent))
+        raise FileNotFoundError(
+            errno.ENOENT, "no directory for the build's output", str(out.parent)
+        )
     report = progress or (lambda fraction, message: None)
     report(0.0, f"reading {source.name}")
     facts = read_facts(source)
@@ -127,7 +133,9 @@ def build_quantized(
         elif tensor := TENSOR_LINE.match(line):
             done, total, name = int(tensor.group(1)), int(tensor.group(2)), tensor.group(3)
             fraction = start_share + (1 - start_share) * done / total
-            report(min(fraction, 0.99), f"quantizing to {target}: tensor {done} of {total} ({name})")
+            report(
+                min(fraction, 0.99), f"quantizing to {target}: tensor {done} of {total} ({name})"
+            )
 
     scratch = Path(tempfile.mkdtemp(prefix=f"build-{target}-", dir=workdir))
     try:
@@ -137,7 +145,9 @@ def build_quantized(
             dequantize_to_f16(
                 source,
                 quantize_from,
-                progress=lambda f: report(DEQUANTIZE_SHARE * f, f"dequantizing {source.name} to F16"),
+                progress=lambda f: report(
+                    DEQUANTIZE_SHARE * f, f"dequantizing {source.name} to F16"
+                ),
             )
         built = scratch / out.name
         quantize(
@@ -182,5 +192,7 @@ def _move_into_place(built: Path, out: Path) -> None:
     except OSError as error:
         if error.errno != errno.EXDEV:
             raise
-        with atomic_path(out, mode_from=built) as part:  # workdir on another file system: copy, then rename
+        with atomic_path(
+            out, mode_from=built
+        ) as part:  # workdir on another file system: copy, then rename
             shutil.copyfile(built, part)

@@ -88,12 +88,14 @@ def open_gguf(path: Path | str) -> gguf.GGUFReader:
             raise NotGguf(f"not a GGUF file: it has {size} bytes, a GGUF starts with {MAGIC!r}")
         raise NotGguf(f"not a GGUF file: it starts with {head!r}, a GGUF starts with {MAGIC!r}")
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _Reader(path, "r")
+    except _PastEnd as error:
+        raise NotGguf(_truncated(size, error.end)) from error
     except Exception as error:  # the reader is a parser of outside data: any failure is the file's
-        raise NotGguf(f"truncated or damaged GGUF ({size} bytes): {error}") from error
+        raise NotGguf(f"damaged GGUF ({size} bytes): {error}") from error
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=reader.data_offset)
     if end > size:
-        raise NotGguf(f"truncated GGUF: its tensor data ends at byte {end}, the file has {size}")
+        raise NotGguf(_truncated(size, end))
     return reader
 
 
@@ -188,7 +190,31 @@ def atomic_path(dst: Path | str, *, mode_from: Path | str | None = None) -> Iter
         raise
 
 
-# --- reading fields ---------------------------------------------------------------------------
+# --- reading ---------------------------------------------------------------------------------
+
+
+class _PastEnd(Exception):
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end
+
+
+class _Reader(gguf.GGUFReader):
+    """``GGUFReader`` that says when the file ends before what it reads: every read of the
+    reader goes through ``_get``, which otherwise returns a short array that fails later with
+    a numpy message about shapes."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > self.data.shape[0]:
+            raise _PastEnd(end)
+        return super()._get(offset, dtype, count, override_order)
+
+
+def _truncated(size: int, end: int) -> str:
+    if end > 1 << 48:  # no file is that long: a count or length in the header is garbage
+        return f"damaged GGUF ({size:,} bytes): a length in it runs to byte {end:,}"
+    return f"truncated GGUF: it has {size:,} bytes, its contents need at least {end:,}"
 
 
 def _scalar(reader: gguf.GGUFReader, key: str) -> Any:

@@ -43,8 +43,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-TOOL_OPEN = "<tool_call>"  # as inference.engine.prompt writes them (not imported: no llama.cpp)
-TOOL_CLOSE = "</tool_call>"
+from inference.engine.prompt import TOOL_CLOSE, TOOL_OPEN
+
 MODES = ("grammar", "free")
 
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
