@@ -88,7 +88,9 @@ def read_answer(message: Mapping[str, Any]) -> Answer:
         arguments = _arguments_object(raw)
         raw_text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
         text = f'{TOOL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {raw_text}}}{TOOL_CLOSE}'
-        return Answer(True, name if isinstance(name, str) else None, arguments, arguments is not None, text)
+        return Answer(
+            True, name if isinstance(name, str) else None, arguments, arguments is not None, text
+        )
     return read_call_text(message.get("content") or "")
 
 
@@ -204,13 +206,9 @@ def summarize(scores: Sequence[CaseScore]) -> dict[str, Any]:
         "cases": len(scores),
         "tool_accuracy": fraction(sum(s.correct for s in scores), len(scores)),
         "json_parse_rate": fraction(sum(bool(s.parsed) for s in attempted), len(attempted)),
-        "schema_valid_rate": fraction(
-            sum(bool(s.schema_valid) for s in attempted), len(attempted)
-        ),
+        "schema_valid_rate": fraction(sum(bool(s.schema_valid) for s in attempted), len(attempted)),
         "name_accuracy": fraction(sum(bool(s.name_ok) for s in expecting), len(expecting)),
         "args_exact": fraction(sum(bool(s.args_ok) for s in expecting), len(expecting)),
-        "abstention_accuracy": fraction(
-            sum(not s.called for s in abstaining), len(abstaining)
-        ),
+        "abstention_accuracy": fraction(sum(not s.called for s in abstaining), len(abstaining)),
         "calls": len(attempted),
     }

@@ -139,7 +139,9 @@ def _check_tools(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         try:
             Draft202012Validator.check_schema(parameters_of(entry))
         except SchemaError as exc:
-            raise SuiteError(f"tool {name!r}: its parameters are not a JSON schema: {exc.message}")
+            raise SuiteError(
+                f"tool {name!r}: its parameters are not a JSON schema: {exc.message}"
+            ) from exc
         tools[name] = entry
     return tools
 
