@@ -40,6 +40,14 @@ from inference.errors import BadRequest
 DEFAULT_MAX_TOKENS = 1024
 
 
+def needs_bos(text: str, *, bos_token: str, add_bos: bool) -> bool:
+    """Whether tokenizing the rendered prompt must add the model's BOS: when the model wants
+    one (``add_bos``) and the template has not written it already (many do, ``{{ bos_token
+    }}``: Gemma, Llama 3). Two BOS tokens make a model answer worse; llama.cpp's server also
+    adds it once."""
+    return add_bos and not (bos_token and text.startswith(bos_token))
+
+
 @dataclass
 class Generation:
     """A submitted request and the queue its events arrive on."""
@@ -85,7 +93,8 @@ class ChatService:
                 param="messages",
                 code="context_length_exceeded",
             )
-        prompt = model.tokenize(text, add_special=model.add_bos)
+        add_bos = needs_bos(text, bos_token=model.bos_token, add_bos=model.add_bos)
+        prompt = model.tokenize(text, add_special=add_bos)
         room = self.engine.config.ctx_per_seq - len(prompt)
         if room < 1:
             raise BadRequest(
