@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inference.chat_request import parse_chat_request
-from nodes.agent.completions import sampling_params
+from nodes.agent.completions import needs_bos, sampling_params
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -47,3 +47,16 @@ def test_tools_and_json_formats_become_a_grammar() -> None:
     fmt = {"type": "json_object"}
     chat = parse_chat_request({"model": "m", "messages": MESSAGES, "response_format": fmt})
     assert "root" in sampling_params(chat, 8).grammar
+
+
+# --- the BOS is added once, whether or not the chat template writes it -----------------
+
+
+def test_a_template_that_writes_the_bos_gets_no_second_one():
+    assert needs_bos("<bos><start_of_turn>user\nhi", bos_token="<bos>", add_bos=True) is False
+    assert needs_bos("<start_of_turn>user\nhi", bos_token="<bos>", add_bos=True) is True
+
+
+def test_a_model_without_a_bos_gets_none():
+    assert needs_bos("<|im_start|>user\nhi", bos_token="<|im_start|>", add_bos=False) is False
+    assert needs_bos("hi", bos_token="", add_bos=True) is True
