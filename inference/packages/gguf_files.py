@@ -100,7 +100,9 @@ def open_gguf(path: Path | str) -> gguf.GGUFReader:
 
 
 def read_facts(path: Path | str) -> GgufFacts:
-    """The facts of the GGUF file at ``path`` (reads the header and tensor infos only).
+    """The facts of the GGUF file at ``path`` (reads the header and tensor infos only, but
+    ``GGUFReader`` parses every vocabulary entry as it goes: about 3 s for SmolLM2's 49k
+    tokens and 49k merges on two busy cores, more for larger vocabularies).
 
     Raises ``NotGguf`` (see ``open_gguf``)."""
     reader = open_gguf(path)

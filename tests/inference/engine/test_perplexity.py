@@ -40,8 +40,8 @@ def shuffled(text: str) -> str:
 
 
 def test_it_finds_english_far_less_perplexing_than_its_words_shuffled(model_path):
-    english = perplexity(model_path, PARAGRAPH, threads=2)
-    nonsense = perplexity(model_path, shuffled(PARAGRAPH), threads=2)
+    english = perplexity(model_path, PARAGRAPH)
+    nonsense = perplexity(model_path, shuffled(PARAGRAPH))
 
     assert math.isfinite(english.perplexity)
     assert 1 < english.perplexity < 50
@@ -53,8 +53,8 @@ def test_it_scores_every_token_but_the_first_whatever_the_window(model_path):
     count = len(model.tokenize(PARAGRAPH, add_special=True, parse_special=False))
     model.close()
 
-    whole = perplexity(model_path, PARAGRAPH, n_ctx=512, threads=2)
-    windowed = perplexity(model_path, PARAGRAPH, n_ctx=32, threads=2)  # 8 windows of 32
+    whole = perplexity(model_path, PARAGRAPH, n_ctx=512)
+    windowed = perplexity(model_path, PARAGRAPH, n_ctx=32)  # 8 windows of 32
 
     assert whole.tokens == windowed.tokens == count - 1
     # with 16 to 31 tokens of context instead of all before it, each token is harder to guess
@@ -67,12 +67,12 @@ def test_it_needs_two_tokens(model_path):
 
 
 def test_it_frees_the_model_and_context(model_path):
-    perplexity(model_path, PARAGRAPH, threads=2)
+    perplexity(model_path, PARAGRAPH)
     gc.collect()
     before = psutil.Process().memory_info().rss
 
     for _ in range(3):
-        perplexity(model_path, PARAGRAPH, threads=2)
+        perplexity(model_path, PARAGRAPH)
     gc.collect()
 
     # each run maps the 98 MB model and allocates a context; kept, three would add 300 MB

@@ -28,6 +28,11 @@ def model() -> Path:
     return bundled_model_path()
 
 
+@pytest.fixture(scope="module")
+def model_tensors(model) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    return tensors(model)
+
+
 def tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
     """name -> (type, shape, sha256 of the data) of every tensor of a GGUF file."""
     reader = gguf.GGUFReader(path)
@@ -99,7 +104,7 @@ def test_it_says_a_missing_file_cannot_be_read(tmp_path):
         read_facts(tmp_path / "missing.gguf")
 
 
-def test_it_writes_a_copy_with_a_new_chat_template(model, tmp_path):
+def test_it_writes_a_copy_with_a_new_chat_template(model, model_tensors, tmp_path):
     copy = tmp_path / "templated.gguf"
 
     write_with_chat_template(model, copy, TEMPLATE)
@@ -107,7 +112,7 @@ def test_it_writes_a_copy_with_a_new_chat_template(model, tmp_path):
     facts = read_facts(copy)
     assert facts.chat_template == TEMPLATE
     assert facts.chat_template_sha256 == hashlib.sha256(TEMPLATE.encode()).hexdigest()
-    assert tensors(copy) == tensors(model)
+    assert tensors(copy) == model_tensors
     before, after = fields(model), fields(copy)
     assert after.pop("tokenizer.chat_template") == TEMPLATE
     before.pop("tokenizer.chat_template")
@@ -115,7 +120,7 @@ def test_it_writes_a_copy_with_a_new_chat_template(model, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["templated.gguf"]  # no temporary file left
 
 
-def test_it_removes_the_chat_template_when_given_none(model, tmp_path):
+def test_it_removes_the_chat_template_when_given_none(model, model_tensors, tmp_path):
     copy = tmp_path / "bare.gguf"
 
     write_with_chat_template(model, copy, None)
@@ -124,7 +129,7 @@ def test_it_removes_the_chat_template_when_given_none(model, tmp_path):
     assert (facts.chat_template, facts.chat_template_sha256) == ("", "")
     assert "tokenizer.chat_template" not in fields(copy)
     assert facts.quantization == "Q4_1"
-    assert tensors(copy) == tensors(model)
+    assert tensors(copy) == model_tensors
 
 
 def test_it_replaces_the_template_of_a_file_in_place(model, tmp_path):
