@@ -210,7 +210,12 @@ def test_it_lists_and_shows_packages(api, node, package):
     assert api("viewer", "get", "/packages/999").status_code == 404
 
 
-def test_it_registers_a_gguf_file(api, tmp_path):
+@pytest.mark.model
+def test_it_registers_a_gguf_file(api, tmp_path, settings):
+    from inference.packages.gguf_files import write_with_chat_template
+    from tests.support.processes import bundled_model_path
+
+    settings.VAR_DIR = tmp_path / "home"
     missing = api(
         "admin",
         "post",
@@ -221,11 +226,14 @@ def test_it_registers_a_gguf_file(api, tmp_path):
     path = tmp_path / "tiny.gguf"
     path.write_bytes(b"not really gguf")
     body = {"name": "tiny", "version": "1", "gguf_path": str(path)}
+    not_gguf = api("admin", "post", "/packages", body)
+    assert not_gguf.status_code == 400 and not_gguf.json()["code"] == "not_gguf"
+    body["gguf_path"] = str(bundled_model_path())
     assert api("operator", "post", "/packages", body).status_code == 403
     assert api("admin", "post", "/packages", body).status_code == 201
     assert api("admin", "post", "/packages", body).status_code == 200
-    path.write_bytes(b"another file")
-    conflict = api("admin", "post", "/packages", body)
+    write_with_chat_template(bundled_model_path(), path, "{{ messages }}")
+    conflict = api("admin", "post", "/packages", {**body, "gguf_path": str(path)})
     assert conflict.status_code == 409 and conflict.json()["code"] == "package_conflict"
     bad = api("admin", "post", "/packages", {**body, "name": "no spaces allowed"})
     assert bad.status_code == 422 and bad.json()["field"] == "name"

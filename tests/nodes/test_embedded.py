@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,9 +18,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def model_file(tmp_path, monkeypatch):
-    path = tmp_path / "model.gguf"
-    path.write_bytes(b"not really a gguf")
+def model_file(tmp_path, monkeypatch, settings):
+    from tests.support.processes import bundled_model_path
+
+    path = bundled_model_path()  # the real file: it is imported into the package store
+    settings.VAR_DIR = tmp_path / "home"
     monkeypatch.setattr(embedded, "ensure_bundled_model", lambda model_dir: path)
     monkeypatch.delenv("PHALANX_API_TOKEN", raising=False)
     monkeypatch.delenv("PHALANX_OPERATOR_PASSWORD", raising=False)
@@ -33,6 +36,8 @@ def test_it_bootstraps_the_inventory_idempotently(model_file):
     assert ModelPackage.objects.count() == 1
     package = ModelPackage.objects.get()
     assert package.name == embedded.BUNDLED_PACKAGE_NAME and package.quantization == "Q4_1"
+    assert package.status == "draft" and package.gguf_path.endswith(f"{package.sha256}.gguf")
+    assert first.model_path == second.model_path == Path(package.gguf_path)
     assert list(Node.objects.values_list("node_id", "address")) == [
         ("node-01", "127.0.0.1:8001"),
         ("node-02", "127.0.0.1:8002"),
