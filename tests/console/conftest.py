@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -85,3 +85,44 @@ def api(tokens) -> Callable[..., object]:
         return getattr(client, method)(f"/api{path}", **kwargs)
 
     return call
+
+
+# --- browser tests (test_browser*.py): Debian's chromium through Playwright ---------------------
+
+BROWSER_PASSWORD = "browser-test-pw"  # every browser test's users log in with it
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless Chromium for a module's browser tests."""
+    from playwright import sync_api
+
+    from tests.console.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page_as(browser, array):
+    """``page_as(role)``: a new page logged in as that role (the module's ``array`` fixture
+    gives the control plane's ``url``)."""
+    contexts = []
+
+    def make(role: str):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{array.url}/login/")
+        page.fill("input[name=username]", role)
+        page.fill("input[name=password]", BROWSER_PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{array.url}/")
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()

@@ -21,7 +21,9 @@ def home(settings, tmp_path):
     return settings.VAR_DIR
 
 
-async def upload(data: bytes, query: str, token: str, *, declared: int | None = None, chunk=1 << 20):
+async def upload(
+    data: bytes, query: str, token: str, *, declared: int | None = None, chunk=1 << 20
+):
     """POST ``data`` as the raw body, in ``chunk``-sized ASGI messages, to the production app."""
     from console.asgi import application
 
@@ -71,7 +73,9 @@ async def upload(data: bytes, query: str, token: str, *, declared: int | None = 
 
 @pytest.mark.django_db(transaction=True)
 async def test_an_upload_that_is_not_gguf_is_a_400_naming_the_problem(home, tokens):
-    status, body = await upload(b"<html>not a model</html>", "name=m&filename=model.gguf", tokens["admin"])
+    status, body = await upload(
+        b"<html>not a model</html>", "name=m&filename=model.gguf", tokens["admin"]
+    )
     assert status == 400 and body["code"] == "not_gguf"
     assert body["detail"] == (
         "model.gguf is not a GGUF file: it starts with b'<htm', a GGUF file starts with b'GGUF'."
@@ -95,7 +99,9 @@ async def test_it_streams_an_uploaded_gguf_into_the_store_and_checks_its_sha256(
     bad, body = await upload(data, f"name=up&sha256={'0' * 64}", tokens["admin"])
     assert bad == 400 and "the file changed on the way" in body["detail"]
     assert not list((home / "packages" / "sha256").glob("*/*.gguf"))
-    status, body = await upload(data, f"name=up&sha256={digest}&filename=smol.gguf", tokens["admin"])
+    status, body = await upload(
+        data, f"name=up&sha256={digest}&filename=smol.gguf", tokens["admin"]
+    )
     assert status == 201 and body["key"] == "up:1" and body["sha256"] == digest
     assert body["lineage"] == {"kind": "import", "from": "upload smol.gguf", "template": "gguf"}
     again, _ = await upload(data, "name=up&version=1", tokens["admin"])
@@ -106,7 +112,9 @@ async def test_it_streams_an_uploaded_gguf_into_the_store_and_checks_its_sha256(
 
 @pytest.fixture
 def rejected(db, home) -> ModelPackage:
-    package = ModelPackage.objects.create(name="m", version="1", gguf_path="/x", sha256="0" * 64, family="m")
+    package = ModelPackage.objects.create(
+        name="m", version="1", gguf_path="/x", sha256="0" * 64, family="m"
+    )
     report = {"smoke": {"passed": False, "error": "chat template does not load: boom"}}
     services.package_record_evaluation(package_id=package.pk, report=report)
     package.refresh_from_db()
@@ -126,22 +134,39 @@ def test_a_node_cannot_be_given_a_rejected_version(api, node, rejected):
 def test_approval_over_a_failed_gate_needs_a_reason_that_is_recorded(api, rejected):
     refused = api("admin", "post", f"/packages/{rejected.pk}/approve", {})
     assert refused.status_code == 409 and refused.json()["code"] == "gate_not_passed"
-    assert api("operator", "post", f"/packages/{rejected.pk}/approve", {"override_reason": "x"}).status_code == 403
-    done = api("admin", "post", f"/packages/{rejected.pk}/approve", {"override_reason": "rollback drill"})
+    assert (
+        api(
+            "operator", "post", f"/packages/{rejected.pk}/approve", {"override_reason": "x"}
+        ).status_code
+        == 403
+    )
+    done = api(
+        "admin", "post", f"/packages/{rejected.pk}/approve", {"override_reason": "rollback drill"}
+    )
     assert done.status_code == 200 and done.json()["status"] == "approved"
     assert done.json()["status_reason"] == "override: rollback drill"
     audit = api("admin", "get", "/audit").json()
-    assert any(e["action"] == "package.approved" and "reason: override: rollback drill" in e["changes"] for e in audit)
+    assert any(
+        e["action"] == "package.approved" and "reason: override: rollback drill" in e["changes"]
+        for e in audit
+    )
 
 
 def test_jobs_are_queued_shown_and_cancelled(api, package, home):
     bad = api("operator", "post", f"/packages/{package.pk}/quantize", {"quantization": "Q9"})
     assert bad.status_code == 422 and bad.json()["field"] == "quantization"
-    assert api("viewer", "post", f"/packages/{package.pk}/quantize", {"quantization": "Q8_0"}).status_code == 403
+    assert (
+        api(
+            "viewer", "post", f"/packages/{package.pk}/quantize", {"quantization": "Q8_0"}
+        ).status_code
+        == 403
+    )
     queued = api("operator", "post", f"/packages/{package.pk}/quantize", {"quantization": "q8_0"})
     assert queued.status_code == 202 and queued.json()["state"] == "queued"
     job_id = queued.json()["id"]
-    assert api("viewer", "get", f"/packages/jobs/{job_id}").json()["params"]["quantization"] == "Q8_0"
+    assert (
+        api("viewer", "get", f"/packages/jobs/{job_id}").json()["params"]["quantization"] == "Q8_0"
+    )
     cancelled = api("operator", "post", f"/packages/jobs/{job_id}/cancel")
     assert cancelled.json()["state"] == "cancelled"
     again = api("operator", "post", f"/packages/jobs/{job_id}/cancel")

@@ -37,7 +37,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 SHOTS = REPO / "artifacts" / "screenshots"
-PASSWORD = "browser-test-pw"
+from tests.console.conftest import BROWSER_PASSWORD as PASSWORD  # noqa: E402
+
 NODE_ID = "node-b1"
 PACKAGE = "smollm2-135m-instruct-q4_1"
 
@@ -115,36 +116,6 @@ def healthy_node(array, agent) -> str:
         assert time.monotonic() < deadline, "node did not come up"
         time.sleep(0.3)
     return NODE_ID
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright_sync.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page_as(browser, array):
-    """``page_as(role)``: a new page logged in as that role."""
-    contexts = []
-
-    def make(role: str):
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(f"{array.url}/login/")
-        page.fill("input[name=username]", role)
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{array.url}/")
-        return page
-
-    yield make
-    for context in contexts:
-        context.close()
 
 
 def shot(page, name: str) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.console.test_browser import CHROMIUM, CHROMIUM_ARGS, shot
+from tests.console.test_browser import CHROMIUM, shot
 from tests.support.processes import REPO, Proc, control_plane_at_home
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -32,7 +32,8 @@ pytestmark = [
     ),
 ]
 
-PASSWORD = "browser-test-pw"
+from tests.console.conftest import BROWSER_PASSWORD as PASSWORD  # noqa: E402
+
 # Family "smol": three evaluated versions (q8_0 and q5_k_m approved, q4_k_m rejected: below
 # the accuracy floor and too far under the approved q5_k_m), one not evaluated; a build of
 # q4_k_m running at 40 % and an evaluation of it queued.
@@ -112,36 +113,6 @@ def array(tmp_path_factory) -> Iterator[Array]:
         yield Array(url=daphne.url, token=token, env=extra, procs=[daphne])
     finally:
         daphne.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright_sync.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page_as(browser, array):
-    """``page_as(role)``: a new page logged in as that role."""
-    contexts = []
-
-    def make(role: str):
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(f"{array.url}/login/")
-        page.fill("input[name=username]", role)
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{array.url}/")
-        return page
-
-    yield make
-    for context in contexts:
-        context.close()
 
 
 # Markers Plotly has drawn in the family chart (what a person sees), and their labels.
