@@ -2,10 +2,12 @@
 
 A case expects either one call (``{"name", "arguments"}``) or no call. The model's answer is
 read from its OpenAI assistant message by ``read_answer``: the first of its ``tool_calls`` when
-it has any (grammar mode: the node parsed the call), else the first
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` written in its content (free mode,
-where nothing constrains the text; also a grammar-mode call that ran out of tokens, which the
-node returns as content). Text with no ``<tool_call>`` tag is no call, whatever JSON it holds.
+it has any (grammar mode: the node parsed the call), else a
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` that its content starts with
+(leading whitespace aside; free mode, where nothing constrains the text; also a grammar-mode
+call that ran out of tokens, which the node returns as content). A call must open the answer,
+as the node's protocol writes it (``inference.engine.prompt.parse_tool_call``): text that
+mentions the tag later, or holds call-shaped JSON without it, is no call.
 
 Per mode, over the cases run (``summarize``; every figure is a fraction 0..1, or None when its
 denominator is 0):
@@ -30,6 +32,10 @@ denominator is 0):
   one it gives must equal the expected value. An argument the answer adds is a mismatch.
 - ``abstention_accuracy``: cases expecting no call whose answer makes no call / cases expecting
   no call.
+
+A request the node refused (an HTTP error: ``refused_score``) is a wrong case with no call: it
+counts in ``tool_accuracy``, ``name_accuracy`` and ``args_exact`` as wrong, and is not an
+abstention.
 - ``calls``: how many answers attempted a call (the denominator of the two rates).
 """
 
@@ -95,12 +101,13 @@ def read_answer(message: Mapping[str, Any]) -> Answer:
 
 
 def read_call_text(text: str) -> Answer:
-    """The ``Answer`` in plain text: the first ``<tool_call>`` in it, if any, and the JSON
-    object that follows (up to ``</tool_call>`` or the end of the text)."""
-    start = text.find(TOOL_OPEN)
-    if start < 0:
+    """The ``Answer`` in plain text: a call when the text starts with ``<tool_call>``
+    (after whitespace), read from the JSON object that follows (up to ``</tool_call>`` or the
+    end of the text)."""
+    opened = text.lstrip()
+    if not opened.startswith(TOOL_OPEN):
         return Answer(False, None, None, False, text)
-    body = text[start + len(TOOL_OPEN) :]
+    body = opened[len(TOOL_OPEN) :]
     end = body.find(TOOL_CLOSE)
     body = body[:end] if end >= 0 else body
     try:
@@ -190,6 +197,12 @@ def score_case(
     return CaseScore(True, args_ok, answer.called, parsed, valid, name_ok, args_ok)
 
 
+def refused_score(expects_call: bool) -> CaseScore:
+    """The score of a case whose request the node refused: wrong, with no call."""
+    wrong = False if expects_call else None
+    return CaseScore(expects_call, False, False, None, None, wrong, wrong)
+
+
 def fraction(hits: int, total: int) -> float | None:
     """``hits / total``, None when ``total`` is 0."""
     return hits / total if total else None
@@ -209,6 +222,6 @@ def summarize(scores: Sequence[CaseScore]) -> dict[str, Any]:
         "schema_valid_rate": fraction(sum(bool(s.schema_valid) for s in attempted), len(attempted)),
         "name_accuracy": fraction(sum(bool(s.name_ok) for s in expecting), len(expecting)),
         "args_exact": fraction(sum(bool(s.args_ok) for s in expecting), len(expecting)),
-        "abstention_accuracy": fraction(sum(not s.called for s in abstaining), len(abstaining)),
+        "abstention_accuracy": fraction(sum(s.correct for s in abstaining), len(abstaining)),
         "calls": len(attempted),
     }

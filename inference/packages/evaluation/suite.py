@@ -29,6 +29,7 @@ PERPLEXITY_TEXT_PATH = Path(__file__).with_name("perplexity.txt")
 CATEGORIES = (
     "single",  # one call; string and enum arguments
     "no_call",  # chit-chat, a question answerable without tools, a tool that does not exist
+    "multi_turn",  # an earlier call, its result and answer are in; a new request needs a call
     "after_result_call",  # a tool result is in; a second call is right
     "nested",  # nested objects and arrays
     "after_result_answer",  # a tool result is in; a text answer is right

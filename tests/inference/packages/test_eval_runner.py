@@ -1,0 +1,99 @@
+"""The tool-call evaluation run against real node agents on the bundled SmolLM2-135M."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inference.packages.evaluation.runner import evaluate_package
+
+pytestmark = pytest.mark.model
+
+ROW_KEYS = {
+    "id",
+    "mode",
+    "correct",
+    "called",
+    "parsed",
+    "schema_valid",
+    "name_ok",
+    "args_ok",
+    "answer",
+}
+MODE_KEYS = {
+    "cases",
+    "tool_accuracy",
+    "json_parse_rate",
+    "schema_valid_rate",
+    "name_accuracy",
+    "args_exact",
+    "abstention_accuracy",
+    "calls",
+}
+
+
+def write_with_chat_template(src, dst, template: str) -> None:
+    try:
+        from inference.packages.gguf_files import write_with_chat_template as write
+    except ImportError:  # pragma: no cover - the helper lives in gguf_files
+        pytest.skip("inference.packages.gguf_files.write_with_chat_template is missing")
+    write(src, dst, template)
+
+
+def test_it_evaluates_the_bundled_model(tmp_path, bundled):
+    seen: list[float] = []
+    report = evaluate_package(
+        bundled, workdir=tmp_path, subset=6, progress=lambda f, what: seen.append(f)
+    )
+    json.dumps(report)  # JSON-able
+    assert report["suite"] == {"version": 1, "cases": 6}
+    assert report["smoke"]["passed"] is True, report["smoke"]
+    assert [s["name"] for s in report["smoke"]["steps"]] == ["tool_call", "tool_result"]
+    grammar, free = report["modes"]["grammar"], report["modes"]["free"]
+    assert set(grammar) == MODE_KEYS and set(free) == MODE_KEYS
+    assert grammar["cases"] == free["cases"] == 6
+    # the grammar makes every call it lets through parse and match its tool's schema
+    assert grammar["calls"] > 0
+    assert grammar["json_parse_rate"] == 1.0
+    assert grammar["schema_valid_rate"] == 1.0
+    rows = report["cases"]
+    assert len(rows) == 12 and all(set(row) == ROW_KEYS for row in rows)
+    assert {row["mode"] for row in rows} == {"grammar", "free"}
+    assert sum(row["correct"] for row in rows if row["mode"] == "grammar") == round(
+        grammar["tool_accuracy"] * 6
+    )
+    assert report["speed"]["ttft_ms"] > 0 and report["speed"]["decode_tok_s"] > 0
+    assert report["perplexity"] > 1.0 and report["perplexity_tokens"] > 400
+    assert seen == sorted(seen) and seen[-1] == 1.0
+
+
+def test_it_fails_the_smoke_test_of_a_chat_template_that_does_not_render(tmp_path, bundled):
+    broken = tmp_path / "broken.gguf"
+    write_with_chat_template(bundled, broken, "{{ no_such_helper(messages) }}")
+    report = evaluate_package(broken, workdir=tmp_path, subset=6, measure_perplexity=False)
+    smoke = report["smoke"]
+    assert smoke["passed"] is False
+    assert smoke["error"] == (
+        "tool_call: HTTP 400 template_error: chat template failed: 'no_such_helper' is undefined"
+    )
+    assert smoke["steps"] == [{"name": "tool_call", "ok": False, "detail": smoke["error"][11:]}]
+    assert (report["modes"], report["cases"], report["speed"], report["perplexity"]) == (
+        {},
+        [],
+        None,
+        None,
+    )
+
+
+def test_it_reports_a_node_that_does_not_start_as_a_failed_smoke_test(tmp_path):
+    not_gguf = tmp_path / "not.gguf"
+    not_gguf.write_bytes(b"this is not a GGUF file\n" * 64)
+    report = evaluate_package(not_gguf, workdir=tmp_path, subset=6, measure_perplexity=False)
+    smoke = report["smoke"]
+    assert smoke["passed"] is False
+    assert smoke["error"].startswith("the node could not load the model") or smoke[
+        "error"
+    ].startswith("the node exited")
+    assert [s["name"] for s in smoke["steps"]] == ["start"]
+    assert report["modes"] == {} and report["cases"] == []
