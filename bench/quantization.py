@@ -41,7 +41,9 @@ from inference.packages.evaluation.runner import evaluate_package  # noqa: E402
 FULL_LEVELS = ["Q8_0", "Q5_K_M", "Q4_K_M", "Q2_K"]
 QUICK_LEVELS = ["Q8_0", "Q4_K_M", "Q2_K"]
 SOURCE_LEVEL = "Q4_1"  # the bundled file, evaluated as it is
-GEMMA_TEMPLATE = Path(__file__).resolve().parents[1] / "inference/packages/chat_templates/gemma3.jinja"
+GEMMA_TEMPLATE = (
+    Path(__file__).resolve().parents[1] / "inference/packages/chat_templates/gemma3.jinja"
+)
 
 
 def gemma_file(work: Path) -> Path | None:
@@ -115,7 +117,9 @@ def main() -> None:
     parser.add_argument("--no-gemma", action="store_true")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 16)
-    levels = args.levels.split(",") if args.levels else (QUICK_LEVELS if args.quick else FULL_LEVELS)
+    levels = (
+        args.levels.split(",") if args.levels else (QUICK_LEVELS if args.quick else FULL_LEVELS)
+    )
     subset = args.subset or (16 if args.quick else None)
     began = time.monotonic()
     source = bundled_model_path()
@@ -124,9 +128,18 @@ def main() -> None:
         files: dict[str, tuple[Path, dict | None]] = {SOURCE_LEVEL: (source, None)}
         for level in levels:
             out = work / f"{level}.gguf"
-            report = build_quantized(source, out, level, method="f16", workdir=work / f"build-{level}", threads=args.threads)
+            report = build_quantized(
+                source,
+                out,
+                level,
+                method="f16",
+                workdir=work / f"build-{level}",
+                threads=args.threads,
+            )
             files[level] = (out, report.as_dict())
-            print(f"built {level}: {out.stat().st_size / 2**20:.1f} MiB, {report.fallback_count}/{report.quantized_tensors} tensors fell back, {report.seconds:.1f} s")
+            print(
+                f"built {level}: {out.stat().st_size / 2**20:.1f} MiB, {report.fallback_count}/{report.quantized_tensors} tensors fell back, {report.seconds:.1f} s"
+            )
         if not args.quick and not args.no_gemma:
             gemma = gemma_file(work)
             if gemma is not None:
@@ -137,10 +150,25 @@ def main() -> None:
         rows: dict[str, dict] = {}
         for name in order:
             path, build = files[name]
-            report = evaluate_package(path, workdir=work / f"eval-{name.replace(' ', '_')}", subset=subset, threads=args.threads)
+            report = evaluate_package(
+                path,
+                workdir=work / f"eval-{name.replace(' ', '_')}",
+                subset=subset,
+                threads=args.threads,
+            )
             rows[name] = level_row(name, path, report, build)
-            print(f"evaluated {name}: {report.get('seconds', 0):.0f} s, smoke {rows[name]['smoke']}")
-        ordered = {n: rows[n] for n in [SOURCE_LEVEL, *levels, *[k for k in rows if k not in levels and k != SOURCE_LEVEL]] if n in rows}
+            print(
+                f"evaluated {name}: {report.get('seconds', 0):.0f} s, smoke {rows[name]['smoke']}"
+            )
+        ordered = {
+            n: rows[n]
+            for n in [
+                SOURCE_LEVEL,
+                *levels,
+                *[k for k in rows if k not in levels and k != SOURCE_LEVEL],
+            ]
+            if n in rows
+        }
     print_table(ordered)
     reference = ordered.get("Q8_0", {}).get("tool_accuracy_grammar")
     lowest = ordered.get(levels[-1], {}).get("tool_accuracy_grammar")

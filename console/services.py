@@ -19,8 +19,8 @@ from console.errors import Conflict, Invalid, NotFound
 from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services
-from inference.packages import services as package_services
 from inference.models import ApiToken, ModelPackage
+from inference.packages import services as package_services
 from nodes import services as node_services
 from nodes.models import Node, NodeEvent
 

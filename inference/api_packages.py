@@ -9,11 +9,10 @@ Tokens: admin only; the plaintext is returned once."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
-
-from typing import Any
 
 from console import selectors, services
 from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
@@ -103,7 +102,9 @@ class ImportIn(Schema):
 
 
 class QuantizeIn(Schema):
-    quantization: str = Field(description="Q8_0, Q6_K, Q5_K_M, Q5_1, Q5_0, Q4_K_M, Q4_1, Q4_0, Q3_K_M, Q2_K")
+    quantization: str = Field(
+        description="Q8_0, Q6_K, Q5_K_M, Q5_1, Q5_0, Q4_K_M, Q4_1, Q4_0, Q3_K_M, Q2_K"
+    )
     method: str = Field("f16", description="f16 (dequantize first) or requantize")
     name: str | None = None
     version: str | None = None
@@ -310,7 +311,9 @@ def _request_chunks(request: HttpRequest):
     summary="Build a quantized version with llama.cpp's quantizer (a job)",
     auth=NEEDS_OPERATOR,
 )
-def packages_quantize(request: HttpRequest, package_id: int, payload: QuantizeIn) -> tuple[int, dict]:
+def packages_quantize(
+    request: HttpRequest, package_id: int, payload: QuantizeIn
+) -> tuple[int, dict]:
     job = package_services.package_build_enqueue(package_id=package_id, **payload.dict())
     return 202, _job_out(job)
 
@@ -322,7 +325,9 @@ def packages_quantize(request: HttpRequest, package_id: int, payload: QuantizeIn
     summary="Run the smoke test, the tool-call suite and perplexity, then the gate (a job)",
     auth=NEEDS_OPERATOR,
 )
-def packages_evaluate(request: HttpRequest, package_id: int, payload: EvaluateIn) -> tuple[int, dict]:
+def packages_evaluate(
+    request: HttpRequest, package_id: int, payload: EvaluateIn
+) -> tuple[int, dict]:
     job = package_services.package_evaluate_enqueue(package_id=package_id, subset=payload.subset)
     return 202, _job_out(job)
 
@@ -336,7 +341,9 @@ def packages_evaluate(request: HttpRequest, package_id: int, payload: EvaluateIn
 )
 def packages_approve(request: HttpRequest, package_id: int, payload: ApproveIn) -> dict:
     return _package_out(
-        package_services.package_approve(package_id=package_id, override_reason=payload.override_reason)
+        package_services.package_approve(
+            package_id=package_id, override_reason=payload.override_reason
+        )
     )
 
 
@@ -348,7 +355,9 @@ def packages_approve(request: HttpRequest, package_id: int, payload: ApproveIn) 
     auth=NEEDS_ADMIN,
 )
 def packages_reject(request: HttpRequest, package_id: int, payload: RejectIn) -> dict:
-    return _package_out(package_services.package_reject(package_id=package_id, reason=payload.reason))
+    return _package_out(
+        package_services.package_reject(package_id=package_id, reason=payload.reason)
+    )
 
 
 @router.post(
@@ -369,7 +378,9 @@ def packages_retire(request: HttpRequest, package_id: int) -> dict:
     summary="A new version whose GGUF carries this chat template",
     auth=NEEDS_ADMIN,
 )
-def packages_template(request: HttpRequest, package_id: int, payload: TemplateIn) -> tuple[int, dict]:
+def packages_template(
+    request: HttpRequest, package_id: int, payload: TemplateIn
+) -> tuple[int, dict]:
     package = package_services.package_with_template(
         package_id=package_id, chat_template=payload.chat_template, version=payload.version
     )

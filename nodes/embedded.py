@@ -125,7 +125,9 @@ def array_bootstrap(
                 name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}", role=Role.ADMIN
             )[1]
     stored = Path(package.gguf_path)
-    return BootstrapResult(package, stored if stored.is_file() else model_path, made, password, token)
+    return BootstrapResult(
+        package, stored if stored.is_file() else model_path, made, password, token
+    )
 
 
 def _ensure_admin_user() -> str | None:

@@ -23,7 +23,6 @@ TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 
 
-
 class TemplateError(ValueError):
     """The chat template could not render these messages (or does not load at all)."""
 

@@ -78,7 +78,9 @@ def gate_check(
     grammar = (evaluation.get("modes") or {}).get("grammar") or {}
     accuracy = grammar.get("tool_accuracy")
     criteria.append(_at_least("tool_accuracy", accuracy, policy.min_tool_accuracy))
-    criteria.append(_at_least("schema_valid", grammar.get("schema_valid_rate"), policy.min_schema_valid))
+    criteria.append(
+        _at_least("schema_valid", grammar.get("schema_valid_rate"), policy.min_schema_valid)
+    )
     criteria += _against_baseline(evaluation, policy, baseline, accuracy)
     return GateResult(all(c.passed for c in criteria), criteria, baseline_key if baseline else "")
 

@@ -339,7 +339,11 @@ def _requeue(job: PackageJob, why: str) -> None:
 
     package_store().discard_work(f"job-{job.pk}")
     PackageJob.objects.filter(pk=job.pk).update(
-        state=State.QUEUED, pid=None, progress=0.0, message=why, log=(job.log + f"\n{why}")[-PackageJob.LOG_LIMIT :]
+        state=State.QUEUED,
+        pid=None,
+        progress=0.0,
+        message=why,
+        log=(job.log + f"\n{why}")[-PackageJob.LOG_LIMIT :],
     )
 
 

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit import audit_record
-from console.errors import ConsoleError, Conflict, Invalid, NotFound
+from console.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage, PackageJob, PackagePolicy
 from inference.packages import gate as gates
 from inference.packages.store import PackageStore, TooLarge
@@ -64,7 +64,11 @@ def family_of(name: str) -> str:
 
 def next_version(name: str) -> str:
     """``"1"`` for a new name, else one more than the highest numeric version."""
-    numbers = [int(v) for v in ModelPackage.objects.filter(name=name).values_list("version", flat=True) if v.isdigit()]
+    numbers = [
+        int(v)
+        for v in ModelPackage.objects.filter(name=name).values_list("version", flat=True)
+        if v.isdigit()
+    ]
     return str(max(numbers, default=0) + 1)
 
 
@@ -167,7 +171,9 @@ def package_import_upload(
         )
     store = package_store()
     try:
-        stored = store.add_stream(_prepend(first, chunks), max_bytes=settings.PACKAGE_UPLOAD_MAX_BYTES)
+        stored = store.add_stream(
+            _prepend(first, chunks), max_bytes=settings.PACKAGE_UPLOAD_MAX_BYTES
+        )
     except TooLarge as exc:
         raise Invalid(f"file: {exc}.", field="file") from exc
     known = set(ModelPackage.objects.values_list("gguf_path", flat=True))
@@ -464,9 +470,7 @@ def policy_update(*, family: str, changes: dict[str, float]) -> PackagePolicy:
 # --- jobs -----------------------------------------------------------------------------------
 
 
-def job_enqueue(
-    *, kind: str, package: ModelPackage | None, params: dict[str, Any]
-) -> PackageJob:
+def job_enqueue(*, kind: str, package: ModelPackage | None, params: dict[str, Any]) -> PackageJob:
     """A queued job row; the control loop starts it in its own process."""
     from console.audit import current_actor
 
@@ -516,7 +520,9 @@ def package_evaluate_enqueue(*, package_id: int, subset: int | None = None) -> P
     figures are part of what was approved) or one already being evaluated."""
     package = package_get(package_id)
     if package.status in (Status.APPROVED, Status.RETIRED):
-        raise Conflict(f"{package.key} is {package.status}; its evaluation is final.", code="package_status")
+        raise Conflict(
+            f"{package.key} is {package.status}; its evaluation is final.", code="package_status"
+        )
     if PackageJob.objects.filter(
         package=package, kind=PackageJob.Kind.EVALUATE, state__in=["queued", "running"]
     ).exists():
@@ -527,7 +533,12 @@ def package_evaluate_enqueue(*, package_id: int, subset: int | None = None) -> P
 
 
 def package_import_enqueue(
-    *, name: str, path: str = "", requirement: str = "", chat_template: str | None = None, version: str | None = None
+    *,
+    name: str,
+    path: str = "",
+    requirement: str = "",
+    chat_template: str | None = None,
+    version: str | None = None,
 ) -> PackageJob:
     """Queue an import from a file on this host (``path``) or a Python package
     (``requirement``: ``name`` or ``name==version``). Raises ``Invalid``."""

