@@ -39,7 +39,7 @@ from inference.packages.build import build_quantized  # noqa: E402
 from inference.packages.evaluation.runner import evaluate_package  # noqa: E402
 
 FULL_LEVELS = ["Q8_0", "Q5_K_M", "Q4_K_M", "Q2_K"]
-QUICK_LEVELS = ["Q8_0", "Q4_K_M", "Q2_K"]
+QUICK_LEVELS = ["Q8_0", "Q4_K_M", "Q2_K"]  # and the bundled Q4_1
 SOURCE_LEVEL = "Q4_1"  # the bundled file, evaluated as it is
 GEMMA_TEMPLATE = (
     Path(__file__).resolve().parents[1] / "inference/packages/chat_templates/gemma3.jinja"
@@ -111,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", default=None, help="comma-separated quantization types")
-    parser.add_argument("--subset", type=int, default=None, help="cases (default: all; quick 16)")
+    parser.add_argument("--subset", type=int, default=None, help="cases (default: all; quick 9, one per category)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-gemma", action="store_true")
@@ -120,7 +120,7 @@ def main() -> None:
     levels = (
         args.levels.split(",") if args.levels else (QUICK_LEVELS if args.quick else FULL_LEVELS)
     )
-    subset = args.subset or (16 if args.quick else None)
+    subset = args.subset or (9 if args.quick else None)
     began = time.monotonic()
     source = bundled_model_path()
     with tempfile.TemporaryDirectory(prefix="phalanx-quant-") as tmp:
@@ -133,7 +133,7 @@ def main() -> None:
                 out,
                 level,
                 method="f16",
-                workdir=work / f"build-{level}",
+                workdir=work,
                 threads=args.threads,
             )
             files[level] = (out, report.as_dict())
