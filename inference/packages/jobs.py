@@ -198,8 +198,7 @@ def _run_evaluate(job: PackageJob, report: Reporter, work: Path):
 
     package = job.package
     assert package is not None
-    if package.status != ModelPackage.Status.EVALUATING:
-        services._move(package, ModelPackage.Status.EVALUATING)
+    services.package_mark_evaluating(package)
     evaluation = evaluate_package(
         Path(package.gguf_path),
         workdir=work,

@@ -343,6 +343,14 @@ def _move(package: ModelPackage, to: str, reason: str = "") -> ModelPackage:
     return package
 
 
+def package_mark_evaluating(package: ModelPackage) -> ModelPackage:
+    """``evaluating`` while an evaluation job runs (from draft or rejected). Raises
+    ``Conflict`` for an approved or retired version."""
+    if package.status == Status.EVALUATING:
+        return package
+    return _move(package, Status.EVALUATING)
+
+
 @transaction.atomic
 def package_approve(*, package_id: int, override_reason: str = "") -> ModelPackage:
     """Approve a version whose evaluation passed the gate; one that did not (or was never
