@@ -111,7 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", default=None, help="comma-separated quantization types")
-    parser.add_argument("--subset", type=int, default=None, help="cases (default: all; quick 9, one per category)")
+    parser.add_argument(
+        "--subset", type=int, default=None, help="cases (default: all; quick 9, one per category)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-gemma", action="store_true")

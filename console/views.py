@@ -3,6 +3,7 @@ change through ``console.services``), then render. Live numbers arrive over ``/w
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -354,7 +355,9 @@ def _package_page(
     status: int = 200,
 ) -> HttpResponse:
     diff = request.GET.get("diff", "")
-    detail = selectors.package_detail(package_id, diff_id=int(diff) if diff.isdigit() else None)
+    detail = selectors.package_detail(
+        package_id, diff_id=int(diff) if re.fullmatch(r"[0-9]{1,18}", diff) else None
+    )
     if detail is None:
         raise Http404(f"No package {package_id}")
     action_forms = {

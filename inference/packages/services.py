@@ -67,7 +67,7 @@ def next_version(name: str) -> str:
     numbers = [
         int(v)
         for v in ModelPackage.objects.filter(name=name).values_list("version", flat=True)
-        if v.isdigit()
+        if re.fullmatch(r"[0-9]{1,18}", v)
     ]
     return str(max(numbers, default=0) + 1)
 
@@ -81,7 +81,16 @@ def _read_facts(path: Path):
         raise BadFile(str(exc)) from exc
 
 
+VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
 def _check_name(name: str, version: str) -> None:
+    if not VERSION.fullmatch(version):
+        raise Invalid(
+            "version: letters, digits, '.', '_' and '-' (at most 64), starting with a letter "
+            "or digit.",
+            field="version",
+        )
     probe = ModelPackage(name=name, version=version, gguf_path="x", sha256="0" * 64)
     from django.core.exceptions import ValidationError
 
@@ -272,6 +281,8 @@ def package_with_template(
     if not chat_template.strip():
         raise Invalid("chat_template: give the template text (Jinja).", field="chat_template")
     source = package_get(package_id)
+    version = version or next_version(source.name)
+    _check_name(source.name, version)
     store = package_store()
     work = store.work_dir(f"template-{source.pk}")
     try:
@@ -282,7 +293,7 @@ def package_with_template(
         store.discard_work(f"template-{source.pk}")
     package, _ = _register(
         name=source.name,
-        version=version or next_version(source.name),
+        version=version,
         family=source.family or family_of(source.name),
         stored_path=str(stored.path),
         sha256=stored.sha256,

@@ -19,7 +19,7 @@ from inference.packages.jobs import job_execute
 
 def _package(ref: str) -> ModelPackage:
     """A package by id or ``name:version``."""
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit():
         return services.package_get(int(ref))
     name, _, version = ref.partition(":")
     found = ModelPackage.objects.filter(name=name, **({"version": version} if version else {}))

@@ -3,6 +3,9 @@ it; ``inference.packages.jobs``)."""
 
 from __future__ import annotations
 
+import signal
+import sys
+
 from django.core.management.base import BaseCommand, CommandError
 
 from console.audit import acting_as
@@ -20,6 +23,9 @@ class Command(BaseCommand):
         job = PackageJob.objects.filter(pk=options["job_id"]).first()
         if job is None:
             raise CommandError(f"no job {options['job_id']}")
+        # a cancel (SIGTERM to the job's process group) unwinds the job: the node an evaluation
+        # started is stopped by its context manager, the scratch space removed
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with acting_as(job.created_by or "system"):
             done = job_execute(job.pk)
         self.stdout.write(f"job {done.pk}: {done.state} {done.error}".rstrip())

@@ -160,3 +160,13 @@ def test_it_builds_a_default_name_from_the_family(home, bundled):
     }
     with pytest.raises(Exception, match="'Q1_X' is not one of"):
         services.package_build_enqueue(package_id=package.pk, quantization="Q1_X")
+
+
+def test_a_version_is_letters_digits_and_dots(home, bundled):
+    source = imported(bundled).package
+    with pytest.raises(Exception, match="version: letters, digits"):
+        services.package_with_template(
+            package_id=source.pk, chat_template="{{ messages }}", version="1');alert(1);('"
+        )
+    with pytest.raises(Exception, match="version: letters, digits"):
+        services.package_build_enqueue(package_id=source.pk, quantization="Q8_0", version="²")
