@@ -39,46 +39,6 @@ ENV_TOKEN = "PHALANX_API_TOKEN"
 TOKEN_PREFIX = "phx_"
 
 
-class PackageConflict(Exception):
-    """``name:version`` exists with another file; packages are immutable."""
-
-
-# --- packages -------------------------------------------------------------------------------
-
-
-def package_register(
-    *,
-    name: str,
-    version: str,
-    gguf_path: str,
-    sha256: str,
-    quantization: str = "",
-    architecture: str = "",
-    context_window: int = 2048,
-    chat_template: str = "",
-) -> tuple[ModelPackage, bool]:
-    """Register a package version (idempotent); returns ``(package, created)``.
-
-    Raises ``PackageConflict`` when ``name:version`` exists with another sha256.
-    """
-    existing = ModelPackage.objects.filter(name=name, version=version).first()
-    if existing is not None:
-        if existing.sha256 != sha256:
-            raise PackageConflict(f"{existing.key} exists with sha256 {existing.sha256[:12]}…")
-        return existing, False
-    package = ModelPackage.objects.create(
-        name=name,
-        version=version,
-        gguf_path=gguf_path,
-        sha256=sha256,
-        quantization=quantization,
-        architecture=architecture,
-        context_window=context_window,
-        chat_template=chat_template,
-    )
-    return package, True
-
-
 def package_resolve(*, model: str) -> ModelPackage:
     """The package a client's ``model`` names: ``name`` (newest version) or ``name:version``;
     else what the routing policy's ``model_aliases`` map it to; else the policy's
