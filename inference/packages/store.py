@@ -128,12 +128,3 @@ class TooLarge(ValueError):
 def _chunks(handle) -> Iterable[bytes]:
     while chunk := handle.read(CHUNK):
         yield chunk
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in _chunks(handle):
-            digest.update(chunk)
-    return digest.hexdigest()
