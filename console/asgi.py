@@ -19,14 +19,11 @@ from console.websocket import AllowedOriginsValidator  # noqa: E402
 from console.ws_urls import websocket_urlpatterns as console_ws  # noqa: E402
 from inference.ws_urls import websocket_urlpatterns  # noqa: E402
 
-UPLOAD_PATHS = ("/api/packages/upload", "/packages/upload/")
-
 application = ProtocolTypeRouter(
     {
         "http": BodyLimit(
             split_by_path(django_asgi_app, BareASGIHandler()),
             limit=settings.MAX_REQUEST_BODY_BYTES,
-            uploads={path: settings.PACKAGE_UPLOAD_MAX_BYTES for path in UPLOAD_PATHS},
         ),
         "websocket": AllowedOriginsValidator(
             AuthMiddlewareStack(URLRouter([*console_ws, *websocket_urlpatterns]))

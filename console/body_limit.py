@@ -5,9 +5,9 @@ refused before a byte of the body is read; a chunked body is counted as it arriv
 the moment it passes the limit. Django's own check (``DATA_UPLOAD_MAX_MEMORY_SIZE``) would
 answer 400, and only after reading the whole body into a spooled file.
 
-Upload paths (``uploads``: path -> limit, the package upload) are not buffered here: they must
-declare a ``Content-Length`` (411 without one, 413 over their limit) and their body streams on
-to Django, which spools it to a file on disk, never holding it in memory.
+Large files (GGUF packages) are uploaded in parts of at most this limit
+(``inference/packages/uploads.py``): daphne reads a whole body into memory before any
+application code runs, so no path may take a bigger one.
 """
 
 from __future__ import annotations
@@ -22,17 +22,13 @@ class BodyLimit:
     """Wraps ``app``; reads each request's body (at most ``limit`` bytes) before calling it and
     hands it over in one message; later ``receive`` calls (disconnect) go to the server."""
 
-    def __init__(self, app: Any, *, limit: int, uploads: dict[str, int] | None = None) -> None:
+    def __init__(self, app: Any, *, limit: int) -> None:
         self.app = app
         self.limit = limit
-        self.uploads = uploads or {}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        upload_limit = self.uploads.get(scope.get("path", ""))
-        if upload_limit is not None and scope.get("method") in ("POST", "PUT"):
-            return await self._upload(scope, receive, send, upload_limit)
         if _declared_length(scope) > self.limit:
             return await self._too_large(send)
         chunks: list[bytes] = []
@@ -49,16 +45,6 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
-
-    async def _upload(self, scope: Scope, receive: Any, send: Any, limit: int) -> None:
-        declared = _declared_length(scope, missing=-1)
-        if declared < 0:
-            message = "An upload must declare its Content-Length."
-            return await _refuse(send, 411, message, "length_required")
-        if declared > limit:
-            message = f"The upload of {declared:,} bytes is over the limit of {limit:,} bytes."
-            return await _refuse(send, 413, message, "body_too_large")
-        await self.app(scope, _at_most(declared, receive), send)
 
     async def _too_large(self, send: Any) -> None:
         message = f"The request body is over the limit of {self.limit} bytes."
@@ -87,34 +73,14 @@ async def _refuse(send: Any, status: int, message: str, code: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _at_most(declared: int, receive: Any) -> Any:
-    """``receive`` that ends the body after ``declared`` bytes (a client sending more than it
-    declared gets the rest ignored)."""
-    seen = 0
-
-    async def bounded() -> dict[str, Any]:
-        nonlocal seen
-        if seen >= declared and declared > 0:
-            return await receive()
-        message = await receive()
-        if message["type"] == "http.request":
-            body = message.get("body", b"")[: max(0, declared - seen)]
-            seen += len(body)
-            more = message.get("more_body", False) and seen < declared
-            return {**message, "body": body, "more_body": more}
-        return message
-
-    return bounded
-
-
-def _declared_length(scope: Scope, missing: int = 0) -> int:
+def _declared_length(scope: Scope) -> int:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             try:
                 return int(value)
             except ValueError:
-                return missing
-    return missing
+                return 0
+    return 0
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -106,8 +106,8 @@ class ImportPythonForm(ImportForm):
 
 
 class UploadForm(forms.Form):
-    """The browser upload's fields (sent by ``static/console/packages.js`` as the raw request
-    body to ``/packages/upload/``, never as a multipart form)."""
+    """The browser upload's fields (``static/console/packages.js`` sends the file in parts
+    through ``/api/packages/uploads``, never as a multipart form)."""
 
     file = forms.FileField(
         label="GGUF file", widget=forms.ClearableFileInput(attrs={"accept": ".gguf"})

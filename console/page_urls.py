@@ -26,7 +26,6 @@ urlpatterns = [
     path("nodes/<slug:node_id>/drain/", views.node_drain, name="node_drain"),
     path("nodes/<slug:node_id>/undrain/", views.node_undrain, name="node_undrain"),
     path("packages/", views.packages, name="packages"),
-    path("packages/upload/", views.package_upload, name="package_upload"),
     path("packages/<int:package_id>/", views.package, name="package"),
     path("packages/<int:package_id>/<slug:action>/", views.package_action, name="package_action"),
     path("routing/", views.routing, name="routing"),

@@ -12,7 +12,6 @@ from typing import Any
 from django.db.models import Count, Q
 
 from console.models import ArrayConfig, AuditEntry
-from inference.gguf_meta import read_gguf_info
 from inference.models import (
     ApiToken,
     ModelPackage,
@@ -59,27 +58,22 @@ def count_human(count: int | None) -> str:
 
 @lru_cache(maxsize=64)
 def _facts(path: str, mtime: float, size: int) -> GgufFacts:
-    info = read_gguf_info(path)  # type: ignore[arg-type]
-    try:
-        import gguf
+    from inference.packages.gguf_files import read_facts
 
-        reader = gguf.GGUFReader(path, "r")
-        parameters = int(sum(int(t.n_elements) for t in reader.tensors))
-        tensors = len(reader.tensors)
-        field = reader.fields.get("general.name")
-        name = bytes(field.parts[field.data[0]]).decode("utf-8", "replace") if field else ""
-    except Exception as exc:  # a damaged file still shows what could be read
-        return GgufFacts(exists=True, size_bytes=size, error=f"cannot read tensors: {exc}"[:200])
+    try:
+        facts = read_facts(path)
+    except Exception as exc:  # a damaged file still says what is wrong with it
+        return GgufFacts(exists=True, size_bytes=size, error=f"cannot read it: {exc}"[:200])
     return GgufFacts(
         exists=True,
         size_bytes=size,
-        architecture=info.architecture,
-        parameters=parameters,
-        quantization=info.quantization,
-        context_length=info.context_window,
-        chat_template=info.chat_template,
-        tensors=tensors,
-        name=name,
+        architecture=facts.architecture,
+        parameters=facts.parameters,
+        quantization=facts.quantization,
+        context_length=facts.context_length,
+        chat_template=facts.chat_template,
+        tensors=facts.tensor_count,
+        name=facts.name,
     )
 
 

@@ -7,12 +7,10 @@ Errors: ``console.errors.Invalid`` (names the field), ``NotFound``, ``Conflict``
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import ProtectedError
 
 from console.audit import audit_record, diff
 from console.errors import Conflict, Invalid, NotFound
@@ -202,24 +200,11 @@ def package_register_file(*, name: str, version: str, gguf_path: str) -> tuple[M
     into the package store, see ``inference.packages.services.package_import_file``);
     idempotent for the same file. Raises ``Invalid`` (missing file, bad name), ``BadFile``
     (not a GGUF), ``Conflict`` (``name:version`` exists with another file)."""
-    path = Path(gguf_path)
-    if not path.is_file():
-        raise Invalid(f"gguf_path: no file at {gguf_path}.", field="gguf_path")
+    try:
+        path = package_services.check_import_path(gguf_path)
+    except Invalid as exc:
+        raise Invalid(exc.message.replace("path:", "gguf_path:", 1), field="gguf_path") from exc
     imported = package_services.package_import_file(
         path=path, name=name, version=version, source={"kind": "import", "from": f"file {path}"}
     )
     return imported.package, imported.created
-
-
-def package_remove(*, package_id: int) -> None:
-    """Delete a package no node serves. Raises ``NotFound``, ``Conflict`` (in use)."""
-    package = ModelPackage.objects.filter(pk=package_id).first()
-    if package is None:
-        raise NotFound(f"No package {package_id}.", code="package_not_found")
-    try:
-        package.delete()
-    except ProtectedError as exc:
-        raise Conflict(
-            f"{package.key} is served by nodes; move them first.", code="package_in_use"
-        ) from exc
-    audit_record(action="package.remove", target=package.key)

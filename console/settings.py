@@ -16,6 +16,10 @@ MODEL_DIR = VAR_DIR / "models"
 # Threads a package job (quantization build, evaluation node) uses; the embedded array pins its
 # nodes to one CPU each, so one thread leaves the rest of the machine to them.
 PACKAGE_JOB_THREADS = int(os.environ.get("PHALANX_PACKAGE_JOB_THREADS", 1))
+# Where path imports over the API and the pages may read (empty: anywhere the process can).
+PACKAGE_IMPORT_DIRS = [d for d in os.environ.get("PHALANX_IMPORT_DIRS", "").split(":") if d]
+PACKAGE_JOB_HEARTBEAT_S = 5.0  # a running job writes heartbeat_at this often
+PACKAGE_JOB_STALE_S = float(os.environ.get("PHALANX_PACKAGE_JOB_STALE_S", 30))  # no beat: dead
 # Largest GGUF a browser or API upload may send (bytes; 16 GiB by default).
 PACKAGE_UPLOAD_MAX_BYTES = int(os.environ.get("PHALANX_PACKAGE_UPLOAD_MAX_BYTES", 16 << 30))
 

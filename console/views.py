@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -301,44 +301,6 @@ def _form_error(request: HttpRequest, form: forms.Form, exc: ConsoleError) -> No
     messages.error(request, exc.message)
     if exc.field in form.fields:
         form.add_error(exc.field, exc.message)
-
-
-@require_POST
-@role_required(Role.VIEWER)
-def package_upload(request: HttpRequest) -> JsonResponse:
-    """``POST /packages/upload/?name=&version=&filename=``, the GGUF as the raw request body
-    (``static/console/packages.js``), read a MiB at a time into the package store. Answers
-    ``{"url": the version's page, "key", "created", "warnings"}`` (201 new, 200 the same file
-    again) or ``{"detail", "code", "field"}`` with the error's status (400: not a GGUF; 403:
-    not an admin; 409; 422)."""
-    try:
-        access.require(request.principal, Role.ADMIN)  # type: ignore[attr-defined]
-        imported = package_services.package_import_upload(
-            chunks=_body_chunks(request),
-            name=request.GET.get("name", "").strip(),
-            version=request.GET.get("version", "").strip() or None,
-            filename=request.GET.get("filename", ""),
-        )
-    except ConsoleError as exc:
-        body = {"detail": exc.message, "code": exc.code, "field": exc.field}
-        return JsonResponse(body, status=exc.status)
-    package = imported.package
-    messages.success(request, f"{'Uploaded' if imported.created else 'Already had'} {package.key}.")
-    for warning in imported.warnings:
-        messages.warning(request, warning)
-    answer = {
-        "url": reverse("console:package", args=[package.pk]),
-        "key": package.key,
-        "created": imported.created,
-        "warnings": imported.warnings,
-    }
-    return JsonResponse(answer, status=201 if imported.created else 200)
-
-
-def _body_chunks(request: HttpRequest) -> Iterator[bytes]:
-    """The request body a MiB at a time (never ``request.body``: the whole file in memory)."""
-    while chunk := request.read(1 << 20):
-        yield chunk
 
 
 @role_required(Role.VIEWER)

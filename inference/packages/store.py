@@ -12,7 +12,8 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,21 +52,9 @@ class PackageStore:
     def add_file(self, src: Path, *, progress: Callable[[float], None] | None = None) -> Stored:
         """Copy ``src`` into the store (a source outside it is never moved); returns
         where it is. The sha256 is computed from the bytes copied, so what the store holds is
-        what was hashed. Raises ``OSError`` when ``src`` cannot be read."""
+        what was hashed. Raises ``OSError`` when ``src`` cannot be read; nothing is left
+        behind on any error."""
         size = src.stat().st_size
-        with open(src, "rb") as handle:
-            return self.add_stream(_chunks(handle), size_hint=size, progress=progress)
-
-    def add_stream(
-        self,
-        chunks: Iterable[bytes],
-        *,
-        size_hint: int | None = None,
-        max_bytes: int | None = None,
-        progress: Callable[[float], None] | None = None,
-    ) -> Stored:
-        """Write ``chunks`` into the store, hashing as they arrive (never all in memory).
-        Raises ``TooLarge`` past ``max_bytes``; nothing is left behind on any error."""
         incoming = self.root / "incoming"
         incoming.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
@@ -73,18 +62,30 @@ class PackageStore:
         fd, tmp_name = tempfile.mkstemp(dir=incoming, suffix=".part")
         tmp = Path(tmp_name)
         try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
+            with open(src, "rb") as handle, os.fdopen(fd, "wb") as out:
+                while chunk := handle.read(CHUNK):
                     written += len(chunk)
-                    if max_bytes is not None and written > max_bytes:
-                        raise TooLarge(f"the file is over the limit of {max_bytes:,} bytes")
                     digest.update(chunk)
                     out.write(chunk)
-                    if progress and size_hint:
-                        progress(min(1.0, written / size_hint))
+                    if progress and size:
+                        progress(min(1.0, written / size))
             return self._settle(tmp, digest.hexdigest(), written)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def adopt(self, path: Path) -> Stored:
+        """Move ``path`` (a file under this store's root, e.g. a finished upload) into the
+        store by its sha256: hashed where it lies, then renamed (no copy). The file is gone
+        from ``path`` afterwards."""
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                digest.update(chunk)
+        size = path.stat().st_size
+        try:
+            return self._settle(path, digest.hexdigest(), size)
+        finally:
+            path.unlink(missing_ok=True)
 
     def _settle(self, tmp: Path, sha256: str, size: int) -> Stored:
         final = self.path_for(sha256)
@@ -94,19 +95,26 @@ class PackageStore:
             os.replace(tmp, final)
         return Stored(sha256=sha256, path=final, size_bytes=size)
 
-    def collect_garbage(self, referenced: set[str]) -> list[Path]:
-        """Remove stored files no package refers to (``referenced``: their paths) and stale
-        partial writes; returns what was removed. Cancelled or failed jobs call it, so a job
-        killed between storing its file and registering it leaves nothing behind."""
+    def collect_garbage(self, referenced: set[str], *, older_than_s: float = 3600) -> list[Path]:
+        """Remove stored files no package refers to (``referenced``: their paths) and
+        partial writes, both only when untouched for ``older_than_s`` seconds: a file another
+        process is writing, or has stored and is about to register, is younger than that.
+        Returns what was removed. Failed and cancelled jobs clean up their own outputs
+        (``services.unless_registered``); this sweeps what a killed process left."""
         keep = {str(Path(p).resolve()) for p in referenced}
+        cutoff = time.time() - older_than_s
         removed = []
-        for path in sorted((self.root / "sha256").glob("*/*.gguf")):
-            if str(path.resolve()) not in keep:
-                path.unlink(missing_ok=True)
-                removed.append(path)
-        for path in (self.root / "incoming").glob("*.part"):
-            path.unlink(missing_ok=True)
-            removed.append(path)
+        candidates = [
+            *[p for p in (self.root / "sha256").glob("*/*.gguf") if str(p.resolve()) not in keep],
+            *(self.root / "incoming").glob("*.part"),
+        ]
+        for path in sorted(candidates):
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+            except OSError:
+                continue
         return removed
 
     def stored(self, path: Path) -> Stored:
@@ -119,12 +127,3 @@ class PackageStore:
             return Path(path).resolve().is_relative_to((self.root / "sha256").resolve())
         except OSError:
             return False
-
-
-class TooLarge(ValueError):
-    """An upload over the size limit."""
-
-
-def _chunks(handle) -> Iterable[bytes]:
-    while chunk := handle.read(CHUNK):
-        yield chunk

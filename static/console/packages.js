@@ -1,7 +1,7 @@
 // The package pages: job rows kept live (GET /api/packages/jobs/<id> once a second while a job
 // is queued or running; everything else comes from the page, so a reload shows the same), the
-// Cancel button (POST /api/packages/jobs/<id>/cancel), the browser upload (the file itself as
-// the request body of POST /packages/upload/, with its progress) and the family chart (plotly,
+// Cancel button (POST /api/packages/jobs/<id>/cancel), the browser upload (in parts through
+// /api/packages/uploads, with its progress) and the family chart (plotly,
 // from the points the page embeds with json_script).
 (function () {
   "use strict";
@@ -118,34 +118,68 @@
     file.addEventListener("change", () => {
       if (file.files[0] && !name.value) name.value = slug(file.files[0].name);
     });
-    form.addEventListener("submit", (event) => {
+    form.addEventListener("submit", async (event) => {
       event.preventDefault();
       const chosen = file.files[0];
       if (!chosen) { fail("Choose a GGUF file."); return; }
-      const query = new URLSearchParams({name: name.value.trim(), filename: chosen.name});
-      if (version.value.trim()) query.set("version", version.value.trim());
       error.hidden = true; button.disabled = true;
       progress.hidden = false; progress.value = 0;
-      const request = new XMLHttpRequest();
-      request.open("POST", `${form.dataset.url}?${query}`);
-      request.setRequestHeader("X-CSRFToken", csrf());
-      request.setRequestHeader("Content-Type", "application/octet-stream");
-      request.upload.onprogress = (e) => {
-        if (!e.lengthComputable) return;
-        const share = e.total ? e.loaded / e.total : 1;
-        progress.value = Math.round(share * 100);
-        status.textContent = `${mib(e.loaded)} of ${mib(e.total)} MiB sent (${Math.round(share * 100)}%)`;
-      };
-      request.upload.onload = () => { status.textContent = "Sent; storing and reading the GGUF…"; };
-      request.onload = () => {
-        let body = {};
-        try { body = JSON.parse(request.responseText); } catch (e) { /* not JSON: say the status */ }
-        if (request.status < 300 && body.url) { location.href = body.url; return; }
-        fail(body.detail || `The upload failed (HTTP ${request.status}).`);
-      };
-      request.onerror = () => fail("The upload was interrupted.");
-      request.send(chosen);
+      try {
+        const url = await uploadInParts(form.dataset.url, chosen, {
+          name: name.value.trim(), version: version.value.trim() || null, filename: chosen.name,
+        }, (sent) => {
+          const share = chosen.size ? sent / chosen.size : 1;
+          progress.value = Math.round(share * 100);
+          status.textContent = `${mib(sent)} of ${mib(chosen.size)} MiB sent (${Math.round(share * 100)}%)`;
+        }, () => { status.textContent = "Sent; storing and reading the GGUF…"; });
+        location.href = url;
+      } catch (problem) {
+        fail(problem.message);
+      }
     });
+  }
+
+  // The parts protocol of inference/packages/uploads.py: announce, PUT parts in order (resume
+  // from the server's count after an interruption, three tries a part), finish.
+  async function api(method, url, body, type) {
+    let answer;
+    try {
+      answer = await fetch(url, {
+        method, body, credentials: "same-origin",
+        headers: {"X-CSRFToken": csrf(), "Content-Type": type || "application/json"},
+      });
+    } catch (e) {
+      return {status: 0, body: {}};
+    }
+    let parsed = {};
+    try { parsed = await answer.json(); } catch (e) { /* not JSON: the status says it */ }
+    return {status: answer.status, body: parsed};
+  }
+
+  function refused(answer, what) {
+    return new Error(answer.body.detail || (answer.status
+      ? `${what} failed (HTTP ${answer.status}).` : `${what} was interrupted.`));
+  }
+
+  async function uploadInParts(base, chosen, meta, onProgress, onSent) {
+    const begun = await api("POST", base, JSON.stringify({...meta, size: chosen.size}));
+    if (begun.status !== 201) throw refused(begun, "The upload");
+    const upload = begun.body;
+    let offset = 0, tries = 0;
+    while (offset < chosen.size) {
+      const part = chosen.slice(offset, offset + upload.part_bytes);
+      const sent = await api("PUT", `${base}/${upload.id}?offset=${offset}`, part, "application/octet-stream");
+      if (sent.status === 200) { offset = sent.body.received; tries = 0; onProgress(offset); continue; }
+      const resumable = sent.status === 0 || sent.status === 409 || sent.status >= 500;
+      if (!resumable || ++tries > 3) throw refused(sent, "The upload");
+      const where = await api("GET", `${base}/${upload.id}`);
+      if (where.status !== 200) throw refused(where, "The upload");
+      offset = where.body.received;
+    }
+    onSent();
+    const done = await api("POST", `${base}/${upload.id}/finish`);
+    if (done.status !== 200 && done.status !== 201) throw refused(done, "Storing the upload");
+    return `/packages/${done.body.id}/`;
   }
 
   // --- the family chart ------------------------------------------------------------------------

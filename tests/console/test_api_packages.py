@@ -12,7 +12,7 @@ from inference.models import ModelPackage, PackageJob
 from inference.packages import services
 from tests.support.processes import bundled_model_path
 
-UPLOAD = "/api/packages/upload"
+UPLOADS = "/api/packages/uploads"
 
 
 @pytest.fixture
@@ -21,19 +21,25 @@ def home(settings, tmp_path):
     return settings.VAR_DIR
 
 
-async def upload(
-    data: bytes, query: str, token: str, *, declared: int | None = None, chunk=1 << 20
+async def asgi(
+    method: str, path: str, token: str, body: bytes = b"", *, query: str = "", json_body=None
 ):
-    """POST ``data`` as the raw body, in ``chunk``-sized ASGI messages, to the production app."""
+    """One request through the production ASGI app (``console.asgi``: the body limit, then
+    Django), the body sent in 1 MiB messages; returns (status, JSON answer)."""
+    import json
+
     from console.asgi import application
 
-    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)] or [b""]
+    content_type = b"application/octet-stream"
+    if json_body is not None:
+        body, content_type = json.dumps(json_body).encode(), b"application/json"
+    pieces = [body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20)] or [b""]
     messages = [
         {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1}
         for i, p in enumerate(pieces)
     ]
     started: dict = {}
-    body: list[bytes] = []
+    answer: list[bytes] = []
 
     async def receive():
         if messages:
@@ -44,70 +50,115 @@ async def upload(
         if message["type"] == "http.response.start":
             started.update(message)
         elif message["type"] == "http.response.body":
-            body.append(message.get("body", b""))
+            answer.append(message.get("body", b""))
 
-    length = [] if declared == -1 else [(b"content-length", str(declared or len(data)).encode())]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
-        "path": UPLOAD,
-        "raw_path": UPLOAD.encode(),
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": query.encode(),
         "headers": [
             (b"host", b"testserver"),
             (b"authorization", f"Bearer {token}".encode()),
-            (b"content-type", b"application/octet-stream"),
-            *length,
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
         ],
         "client": ("127.0.0.1", 1),
         "server": ("testserver", 80),
     }
     await asyncio.wait_for(application(scope, receive, send), timeout=120)
-    import json
+    return started.get("status"), json.loads(b"".join(answer) or b"{}")
 
-    return started.get("status"), json.loads(b"".join(body) or b"{}")
+
+async def upload(data: bytes, token: str, **meta):
+    """The whole parts protocol: announce, PUT parts of ``part_bytes``, finish."""
+    status, begun = await asgi("POST", UPLOADS, token, json_body={"size": len(data), **meta})
+    if status != 201:
+        return status, begun
+    step = begun["part_bytes"]
+    for offset in range(0, len(data), step):
+        status, body = await asgi(
+            "PUT",
+            f"{UPLOADS}/{begun['id']}",
+            token,
+            data[offset : offset + step],
+            query=f"offset={offset}",
+        )
+        if status != 200:
+            return status, body
+    return await asgi("POST", f"{UPLOADS}/{begun['id']}/finish", token)
 
 
 @pytest.mark.django_db(transaction=True)
 async def test_an_upload_that_is_not_gguf_is_a_400_naming_the_problem(home, tokens):
     status, body = await upload(
-        b"<html>not a model</html>", "name=m&filename=model.gguf", tokens["admin"]
+        b"<html>not a model</html>", tokens["admin"], name="m", filename="model.gguf"
     )
     assert status == 400 and body["code"] == "not_gguf"
     assert body["detail"] == (
         "model.gguf is not a GGUF file: it starts with b'<htm', a GGUF file starts with b'GGUF'."
     )
     assert not await asyncio.to_thread(ModelPackage.objects.exists)
+    assert not list((home / "packages" / "incoming" / "uploads").iterdir())  # dropped
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_an_upload_must_declare_its_length_within_the_limit(home, tokens):
-    status, body = await upload(b"GGUF", "name=m", tokens["admin"], declared=-1)
-    assert status == 411 and body["detail"] == "An upload must declare its Content-Length."
-    status, body = await upload(b"GGUF", "name=m", tokens["admin"], declared=1 << 40)
-    assert status == 413 and "over the limit of 17,179,869,184 bytes" in body["detail"]
+async def test_an_upload_is_announced_within_the_limit_and_sent_in_bounded_parts(home, tokens):
+    too_big = {"name": "m", "size": 1 << 40}
+    status, body = await asgi("POST", UPLOADS, tokens["admin"], json_body=too_big)
+    assert status == 422 and body["field"] == "size"
+    assert "between 1 and 17,179,869,184 bytes" in body["detail"]
+    status, begun = await asgi(
+        "POST", UPLOADS, tokens["admin"], json_body={"name": "m", "size": 9 << 20}
+    )
+    assert status == 201 and begun["part_bytes"] == 8 << 20 and begun["received"] == 0
+    # a part over the request body limit never reaches the application (daphne would hold it)
+    part = f"{UPLOADS}/{begun['id']}"
+    status, body = await asgi(
+        "PUT", part, tokens["admin"], b"GGUF" + bytes(8 << 20), query="offset=0"
+    )
+    assert status == 413 and body["code"] == "body_too_large"
+    status, body = await asgi("PUT", part, tokens["operator"], b"GGUF", query="offset=0")
+    assert status == 403
+    status, body = await asgi("PUT", part, tokens["admin"], b"GGUF" + bytes(100), query="offset=0")
+    assert status == 200 and body["received"] == 104
+    status, body = await asgi("PUT", part, tokens["admin"], bytes(10), query="offset=50")
+    assert status == 409 and body["detail"] == (
+        "offset: this upload has 104 bytes; send the part that starts there."
+    )
+    status, body = await asgi("POST", f"{part}/finish", tokens["admin"])
+    assert status == 409 and body["detail"] == (
+        "104 of 9,437,184 bytes arrived; send the rest first."
+    )
+    assert (await asgi("GET", part, tokens["admin"]))[1]["received"] == 104
+    assert (await asgi("DELETE", part, tokens["admin"]))[0] == 204
+    assert (await asgi("GET", part, tokens["admin"]))[0] == 404
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.model
-async def test_it_streams_an_uploaded_gguf_into_the_store_and_checks_its_sha256(home, tokens):
+async def test_an_uploaded_gguf_is_stored_in_parts_and_its_sha256_checked(home, tokens):
     data = bundled_model_path().read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    bad, body = await upload(data, f"name=up&sha256={'0' * 64}", tokens["admin"])
+    bad, body = await upload(data, tokens["admin"], name="up", sha256="0" * 64)
     assert bad == 400 and "the file changed on the way" in body["detail"]
     assert not list((home / "packages" / "sha256").glob("*/*.gguf"))
     status, body = await upload(
-        data, f"name=up&sha256={digest}&filename=smol.gguf", tokens["admin"]
+        data, tokens["admin"], name="up", sha256=digest, filename="smol.gguf"
     )
     assert status == 201 and body["key"] == "up:1" and body["sha256"] == digest
     assert body["lineage"] == {"kind": "import", "from": "upload smol.gguf", "template": "gguf"}
-    again, _ = await upload(data, "name=up&version=1", tokens["admin"])
+    again, _ = await upload(data, tokens["admin"], name="up", version="1", sha256=digest)
     assert again == 200
-    forbidden, _ = await upload(data[:64], "name=up2", tokens["operator"])
+    taken, body = await upload(data, tokens["admin"], name="up", version="1")
+    assert taken == 409 and body["detail"] == "up:1 exists; a different file is a new version."
+    forbidden, _ = await upload(data[:64], tokens["operator"], name="up2")
     assert forbidden == 403
+    assert not list((home / "packages" / "incoming" / "uploads").iterdir())
 
 
 @pytest.fixture

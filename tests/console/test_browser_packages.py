@@ -211,6 +211,6 @@ def test_uploading_a_gguf_shows_its_progress_and_opens_its_version_page(page_as,
     playwright_sync.expect(page.locator("#upload-status")).to_contain_text("MiB sent")
     page.wait_for_url(re.compile(r"/packages/\d+/$"), timeout=120_000)
     assert page.url == f"{array.url}/packages/{array.package_id('smol-uploaded:1')}/"
-    playwright_sync.expect(page.locator(".messages")).to_contain_text("Uploaded smol-uploaded:1.")
+    playwright_sync.expect(page.locator("h1")).to_have_text("smol-uploaded 1")
     playwright_sync.expect(page.locator("#lineage")).to_contain_text("upload ")
     playwright_sync.expect(page.locator("#package-facts")).to_contain_text("llama")

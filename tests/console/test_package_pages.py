@@ -1,6 +1,6 @@
 """The package pages through Django's test client: the list with its jobs and forms, a
 version's evaluation, gate, build report, family comparison, template diff and history, the
-actions each role may take, and the browser upload's JSON answers."""
+actions each role may take."""
 
 from __future__ import annotations
 
@@ -330,28 +330,6 @@ def test_the_register_form_reports_a_missing_file(login):
     assert "gguf_path: no file at /nowhere.gguf." in visible_text(response)
 
 
-def test_uploading_a_file_that_is_not_gguf_is_a_400_naming_the_problem(login):
-    response = login("admin").generic(
-        "POST",
-        "/packages/upload/?name=smol&version=1&filename=model.bin",
-        b"PK\x03\x04 a zip file, not a model",
-        content_type="application/octet-stream",
-    )
-    assert response.status_code == 400
-    assert response.json() == {
-        "detail": "model.bin is not a GGUF file: it starts with b'PK\\x03\\x04', a GGUF file "
-        "starts with b'GGUF'.",
-        "code": "not_gguf",
-        "field": None,
-    }
-    assert not ModelPackage.objects.exists()
-    refused = login("operator").generic(
-        "POST", "/packages/upload/?name=smol", b"GGUF", content_type="application/octet-stream"
-    )
-    assert refused.status_code == 403
-    assert refused.json()["detail"] == "This needs the admin role; you have operator."
-
-
 def test_the_version_page_compares_the_familys_evaluated_versions(login):
     q8 = evaluated(make_package("smol-q8_0", size_bytes=140 * 2**20), report(0.8, decode=30.0))
     q4 = evaluated(make_package("smol-q4_0", size_bytes=80 * 2**20), report(0.78, decode=45.0))
@@ -405,22 +383,3 @@ def test_a_chat_template_makes_a_new_version_from_the_page(login, home):
     assert "Made from smol:1 with a chat template supplied by an operator" in text
     assert "Chat template Supplied by an operator" in text
     assert "llama" in text and "135M" in text
-
-
-@pytest.mark.model
-def test_uploading_a_gguf_answers_with_its_version_page(login, home):
-    from tests.support.processes import bundled_model_path
-
-    body = bundled_model_path().read_bytes()
-    client = login("admin")
-    response = client.generic(
-        "POST",
-        "/packages/upload/?name=smol-up&filename=smol.gguf",
-        body,
-        content_type="application/octet-stream",
-    )
-    package = ModelPackage.objects.get(name="smol-up")
-    assert response.status_code == 201
-    assert response.json()["url"] == f"/packages/{package.pk}/"
-    text = visible_text(client.get(response.json()["url"]))
-    assert "Uploaded smol-up:1." in text and "Imported from upload smol.gguf" in text

@@ -15,15 +15,14 @@ from console.errors import ConsoleError
 from inference.models import ModelPackage, PackageJob
 from inference.packages import services
 from inference.packages.jobs import job_execute
+from inference.services import package_named
 
 
 def _package(ref: str) -> ModelPackage:
     """A package by id or ``name:version``."""
     if ref.isascii() and ref.isdigit():
         return services.package_get(int(ref))
-    name, _, version = ref.partition(":")
-    found = ModelPackage.objects.filter(name=name, **({"version": version} if version else {}))
-    package = found.order_by("-created_at", "-id").first()
+    package = package_named(ref)
     if package is None:
         raise CommandError(f"no package {ref!r}")
     return package

@@ -27,5 +27,5 @@ class Command(BaseCommand):
         # started is stopped by its context manager, the scratch space removed
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with acting_as(job.created_by or "system"):
-            done = job_execute(job.pk)
+            done = job_execute(job.pk, claimed=True)
         self.stdout.write(f"job {done.pk}: {done.state} {done.error}".rstrip())

