@@ -97,6 +97,26 @@ async def arouting_policy() -> RoutingPolicy:
     return await _acached("policy", "", RoutingPolicy.load)
 
 
+ROLLOUT_TTL_S = 2.0  # an upgrade's share changes reach routing within this
+
+
+def _rollouts() -> dict[str, Any]:
+    from inference.upgrades.services import active_rollouts
+
+    return active_rollouts()
+
+
+def rollout_for(model: str) -> Any:
+    """The ``routing.Rollout`` of an upgrade of ``model`` under way, or None (cached
+    ``ROLLOUT_TTL_S`` seconds)."""
+    return _cached("rollouts", "", _rollouts, ROLLOUT_TTL_S).get(model)
+
+
+async def arollout_for(model: str) -> Any:
+    """``rollout_for`` for async callers."""
+    return (await _acached("rollouts", "", _rollouts, ROLLOUT_TTL_S)).get(model)
+
+
 def pinned_counts() -> PinnedCounts:
     """``nodes.selectors.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the
     route writer's ledger adds what this process pinned since (``pinned_delta``)."""

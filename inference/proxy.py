@@ -117,6 +117,7 @@ async def _route(
         pinned_delta=route_writer.pinned_delta(read_at=table.pinned_read_at),
         inflight=inflight.per_node(),
     )
+    rollout = await lookups.arollout_for(model) if session_id is not None else None
     target = services.route_plan(
         session_id=session_id,
         row=row,
@@ -125,6 +126,7 @@ async def _route(
         policy=policy,
         exclude=exclude,
         new_turn=new_turn,
+        rollout=rollout,
     )
     held = route_writer.hold(target.record) if target.record is not None else None
     return target, held

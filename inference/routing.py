@@ -26,6 +26,7 @@ Nothing here touches the database or the network; ``inference.services`` builds 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -71,6 +72,7 @@ class NodeView:
     kv_budget: int = 0
     inflight: int = 0
     prefill_speed: float | None = None
+    package_id: int | None = None  # the package version it serves
 
 
 @dataclass(frozen=True)
@@ -112,15 +114,43 @@ class Saturated(Exception):
 
 
 def candidates(
-    nodes: Iterable[NodeView], *, model: str, exclude: Mapping[str, str] | None = None
+    nodes: Iterable[NodeView],
+    *,
+    model: str,
+    exclude: Mapping[str, str] | None = None,
+    version: int | None = None,
 ) -> list[NodeView]:
-    """Nodes that may take a request for ``model``: up, serving it, weight > 0, not excluded."""
+    """Nodes that may take a request for ``model``: up, serving it, weight > 0, not excluded;
+    with ``version`` (a package id), only the nodes serving that version when any of them
+    may (a session keeps its model version while a node of it is up; only when none is left
+    does it go to another)."""
     excluded = exclude or {}
-    return [
+    pool = [
         n
         for n in nodes
         if n.state == "up" and n.model == model and n.weight > 0 and n.node_id not in excluded
     ]
+    if version is not None:
+        same = [n for n in pool if n.package_id == version]
+        return same or pool
+    return pool
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """An upgrade under way for a model: new sessions go to ``new_package_id`` with
+    probability ``new_share`` (0..1), else to ``old_package_id``."""
+
+    old_package_id: int
+    new_package_id: int
+    new_share: float
+
+
+def version_for_new_session(session_id: str, rollout: Rollout) -> int:
+    """The version a new session starts on: a stable bucket of its id (the same session
+    always lands in the same bucket) against the rollout's share."""
+    bucket = int(hashlib.sha256(session_id.encode()).hexdigest()[:8], 16) / 2**32
+    return rollout.new_package_id if bucket < rollout.new_share else rollout.old_package_id
 
 
 def score_parts(node: NodeView) -> tuple[float, float, float] | None:
@@ -252,8 +282,10 @@ def route_request(
     exclude: Mapping[str, str] | None = None,
     limits: Limits | None = None,
     may_move_for_load: bool = True,
+    version: int | None = None,
 ) -> Decision:
-    """Decide where a request for ``model`` goes.
+    """Decide where a request for ``model`` goes (among the nodes of package ``version``
+    while any of them may take it: ``candidates``).
 
     ``pinned`` is the node id the session is pinned to (None for a new session), ``session``
     False for a request without a session key (routed by load, never pinned), ``exclude`` maps
@@ -265,7 +297,7 @@ def route_request(
     """
     limits = limits or Limits()
     excluded = exclude or {}
-    pool = candidates(nodes, model=model, exclude=excluded)
+    pool = candidates(nodes, model=model, exclude=excluded, version=version)
     by_id = {n.node_id: n for n in nodes}
     if limits.strategy == LEAST_LOADED:
         session, pinned = False, None
@@ -339,8 +371,9 @@ def route_session(
     idle_release_s: float,
     exclude: Mapping[str, str] | None = None,
     limits: Limits | None = None,
+    version: int | None = None,
 ) -> SessionPlan:
-    """``route_request`` for a session whose pin is ``pin``: a pin idle for longer than
+    """``route_request`` for a session whose pin is ``pin`` (and model ``version``): a pin idle for longer than
     ``idle_release_s`` seconds is released first (the session is placed afresh); a running
     cooldown forbids a move for load. Raises what ``route_request`` raises."""
     released = None
@@ -355,5 +388,6 @@ def route_session(
         exclude=exclude,
         limits=limits,
         may_move_for_load=not pin.cooling,
+        version=version,
     )
     return SessionPlan(decision, released)

@@ -26,10 +26,12 @@ from inference.routing import (
     Decision,
     Limits,
     NoNodeAvailable,
+    Rollout,
     Saturated,
     SessionPin,
     route_request,
     route_session,
+    version_for_new_session,
 )
 from nodes import client as node_client
 from nodes.models import Node
@@ -153,6 +155,7 @@ class RouteRow:
     node_id: str | None
     last_seen_at: datetime
     moved_for_load_at: datetime | None = None
+    package_id: int | None = None  # the version the session is on
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ class RouteWrite:
     package_id: int | None
     new_turn: bool
     at: datetime
+    version_changed: bool = False  # served by another version than its last turn
 
 
 def routing_limits(policy: RoutingPolicy) -> Limits:
@@ -196,7 +200,7 @@ def _log(route: SessionRoute, *, action: str, node_id: str, reason: str) -> None
 
 _route_rows = CompiledQuery(
     lambda session_id: SessionRoute.objects.filter(session_id=session_id).values_list(
-        "node__node_id", "last_seen_at", "moved_for_load_at"
+        "node__node_id", "last_seen_at", "moved_for_load_at", "package_id"
     )
 )
 
@@ -206,8 +210,8 @@ def route_read(*, session_id: str) -> RouteRow | None:
     rows = _route_rows.rows(session_id)
     if not rows:
         return None
-    node_id, last_seen_at, moved_for_load_at = rows[0]
-    return RouteRow(node_id, as_datetime(last_seen_at), as_datetime(moved_for_load_at))
+    node_id, last_seen_at, moved_for_load_at, package_id = rows[0]
+    return RouteRow(node_id, as_datetime(last_seen_at), as_datetime(moved_for_load_at), package_id)
 
 
 def route_plan(
@@ -220,8 +224,13 @@ def route_plan(
     exclude: Mapping[str, str] | None = None,
     new_turn: bool = True,
     now: datetime | None = None,
+    rollout: Rollout | None = None,
 ) -> RouteTarget:
     """Decide where a request for package ``model`` goes, without touching the database.
+
+    A session stays on the package version it is on (``row.package_id``) while a node of
+    that version can take it; a new one, while an upgrade of ``model`` runs (``rollout``),
+    starts on the version its share gives it (``routing.version_for_new_session``).
 
     ``row`` is the session's route (``route_read``, None for a new session), ``table`` the
     inventory (``nodes_for_routing``); ``exclude`` maps node ids that failed this request to a
@@ -247,6 +256,9 @@ def route_plan(
         )
     now = now or timezone.now()
     pin = _session_pin(row, now=now, cooldown_s=policy.move_cooldown_s)
+    version = row.package_id if row is not None else None
+    if version is None and rollout is not None:
+        version = version_for_new_session(session_id, rollout)
     plan = _decide(
         table.views,
         model=model,
@@ -255,16 +267,21 @@ def route_plan(
         retry_after=retry_after,
         pin=pin,
         idle_release_s=policy.session_idle_release_s,
+        version=version,
     )
     decision = plan.decision
+    package_id = table.package_ids.get(decision.node_id)
     record = RouteWrite(
         session_id=session_id,
         decision=decision,
         previous=pin.node_id if (decision.pins or plan.released) else None,
         released=plan.released,
-        package_id=table.package_ids.get(decision.node_id),
+        package_id=package_id,
         new_turn=new_turn,
         at=now,
+        version_changed=row is not None
+        and row.package_id is not None
+        and package_id != row.package_id,
     )
     kv_source = _kv_source(table, decision, exclude or {}) if decision.action == "moved" else None
     return RouteTarget(
@@ -297,7 +314,7 @@ def route_record(write: RouteWrite) -> None:
     The two common cases take one statement each: a turn that stays on its node (an UPDATE)
     and the placement of a session never seen (two INSERTs); the rest locks the row."""
     decision = write.decision
-    if decision.action == "stuck" and not write.released:
+    if decision.action == "stuck" and not write.released and not write.version_changed:
         turns = F("turns") + 1 if write.new_turn else F("turns")
         if SessionRoute.objects.filter(session_id=write.session_id).update(
             turns=turns, last_seen_at=timezone.now()
@@ -341,6 +358,16 @@ def _route_update(write: RouteWrite) -> None:
             reason=write.released,
         )
         route.node = None
+    if write.version_changed:
+        route.version_changes += 1
+        route.package_id = write.package_id
+        _log(
+            route,
+            action=RouteDecision.Action.VERSION_CHANGED,
+            node_id=decision.node_id,
+            reason="no node of the session's package version can take it; "
+            f"{decision.node_id} serves another",
+        )
     if decision.pins:
         route.node = Node.objects.get(node_id=decision.node_id)
         if route.package_id is None or decision.action == "placed":
@@ -379,10 +406,17 @@ def route_resolve(
         policy=policy,
         exclude=exclude,
         new_turn=new_turn,
+        rollout=_rollout_for(model) if session_id else None,
     )
     if target.record is not None:
         route_record(target.record)
     return target
+
+
+def _rollout_for(model: str) -> Rollout | None:
+    from inference.lookups import rollout_for
+
+    return rollout_for(model)
 
 
 def _decide(
@@ -394,6 +428,7 @@ def _decide(
     retry_after: int,
     pin: SessionPin | None = None,
     idle_release_s: float = 0.0,
+    version: int | None = None,
 ) -> Any:
     """``route_session`` for a session (``pin`` given, returns a ``SessionPlan``), else
     ``route_request`` without a session (a ``Decision``); routing's refusals become the
@@ -408,6 +443,7 @@ def _decide(
             idle_release_s=idle_release_s,
             exclude=exclude,
             limits=limits,
+            version=version,
         )
     except NoNodeAvailable as exc:
         raise NoHealthyNode(str(exc), retry_after=retry_after) from exc

@@ -255,3 +255,63 @@ def session_erase_sync(address: str, *, node_id: str, session_id: str, timeout: 
         return response.status_code == 200 and bool(response.json().get("erased"))
     except (httpx.HTTPError, ValueError):
         return False
+
+
+class SwitchRefused(Exception):
+    """The node refused a package switch (400: a bad request, a file it does not have; 409:
+    one under way); the message is the node's."""
+
+
+def package_switch(
+    address: str,
+    *,
+    node_id: str,
+    model_path: str,
+    package: str,
+    sha256: str,
+    settings: dict[str, int] | None = None,
+    timeout: float = 10.0,
+) -> dict[str, Any]:
+    """``PUT /package``: ask the node to load ``model_path`` and serve it as ``package``
+    (nodes/agent/switch.py); returns its state (202). Raises ``SwitchRefused`` for a refusal,
+    ``httpx.HTTPError`` on network trouble."""
+    body = {"model_path": model_path, "package": package, "sha256": sha256}
+    if settings:
+        body["settings"] = settings
+    response = _client().put(
+        f"http://{address}/package", json=body, headers=node_auth_headers(node_id), timeout=timeout
+    )
+    if response.status_code in (400, 409):
+        raise SwitchRefused(_error_message(response))
+    response.raise_for_status()
+    return response.json()
+
+
+def package_state(address: str, *, node_id: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """``GET /package``: what the node serves and its last switch, or None when it cannot be
+    asked (network trouble, another status). Never raises."""
+    try:
+        response = _client().get(
+            f"http://{address}/package", headers=node_auth_headers(node_id), timeout=timeout
+        )
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def node_http(address: str, *, node_id: str, timeout: float) -> httpx.Client:
+    """A client for ``address`` that presents the node's credential (the upgrade's smoke
+    test); close it after use."""
+    return httpx.Client(
+        base_url=f"http://{address}",
+        headers=node_auth_headers(node_id),
+        timeout=timeout,
+        trust_env=False,
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"

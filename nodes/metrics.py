@@ -60,7 +60,8 @@ def _get(samples: dict[str, float], key: str) -> float | None:
 
 def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
     """Summarise a node's samples: ``{"load", "active", "queue", "total", "busy", "kv_used",
-    "kv_capacity", "requests", "prefill_speed", "host_ram", "host_ram_budget"}`` (counts;
+    "kv_capacity", "requests", "prefill_speed", "host_ram", "host_ram_budget", "failed",
+    "tool_parse_failures", "ttft_p95"}`` (counts;
     ``host_ram*`` bytes of idle sessions' KV kept in host RAM, and its budget; ``load`` unitless; ``requests`` is
     the node's ``phalanx_node_requests_total``, used to tell an idle node for canaries;
     ``prefill_speed`` prompt tokens/s, None until measured, for first-byte deadlines).
@@ -92,4 +93,11 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
         "prefill_speed": _get(samples, "phalanx_node_prefill_speed_tokens_per_second") or None,
         "host_ram": _get(samples, "phalanx_node_host_ram_bytes"),
         "host_ram_budget": _get(samples, "phalanx_node_host_ram_budget_bytes"),
+        "failed": _get(samples, "phalanx_node_failed_requests_total"),
+        "tool_parse_failures": _get(samples, "phalanx_node_tool_parse_failures_total"),
+        "ttft_p95": _finite(_get(samples, "phalanx_node_ttft_p95_seconds")),
     }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

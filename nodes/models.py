@@ -54,6 +54,13 @@ class Node(models.Model):
         on_delete=models.PROTECT,
         related_name="nodes",
     )
+    served_name = models.CharField(
+        max_length=128,
+        blank=True,
+        default="",
+        help_text="The model name clients ask this node for (blank: its package's name). "
+        "An upgrade keeps it while the package under it changes.",
+    )
     max_sessions = models.PositiveIntegerField(
         default=0, help_text="Most sessions pinned here (0: no limit)."
     )
@@ -82,6 +89,13 @@ class Node(models.Model):
         return f"http://{self.address}"
 
     @property
+    def model_name(self) -> str | None:
+        """The name clients ask for: ``served_name``, else the package's name."""
+        if self.served_name:
+            return self.served_name
+        return self.package.name if self.package_id else None
+
+    @property
     def load(self) -> float | None:
         """Last load figure from metrics, or None when unknown."""
         data: Any = self.last_seen_load
@@ -100,6 +114,7 @@ class NodeEvent(models.Model):
         UNDRAINED = "undrained", "Undrained"
         REGISTERED = "registered", "Registered"
         RESTARTED = "restarted", "Restarted"
+        SWITCHED = "switched", "Switched package"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)

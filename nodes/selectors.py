@@ -88,6 +88,7 @@ _NODE_FIELDS = (
     "address",
     "package_id",
     "package__name",
+    "served_name",
     "last_probe_at",
     "last_seen_load",
     "max_sessions",
@@ -128,7 +129,7 @@ def nodes_for_routing(
                 state=node["state"],
                 weight=node["weight"],
                 load=_number(seen, "load"),
-                model=node["package__name"],
+                model=node["served_name"] or node["package__name"],
                 sessions=pinned.counts.get(node_id, 0),
                 affinity=bool(node["affinity"]),
                 total=_number(seen, "total"),
@@ -138,6 +139,7 @@ def nodes_for_routing(
                 kv_budget=node["kv_budget_tokens"],
                 inflight=open_requests.get(node_id, 0),
                 prefill_speed=_number(seen, "prefill_speed"),
+                package_id=node["package_id"],
             )
         )
         addresses[node_id] = node["address"]

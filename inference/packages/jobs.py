@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,32 @@ MAX_ATTEMPTS = 3
 _children: dict[int, subprocess.Popen] = {}  # job id -> process this control loop started
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One run's hold on its job: the row while it is ``running`` with this run's attempt
+    number. Every write of a run goes through ``rows()``, so a run the control loop gave up on
+    (and queued again, or ended) cannot write over the next run or over the end."""
+
+    job_id: int
+    attempt: int
+
+    def rows(self):
+        return PackageJob.objects.filter(pk=self.job_id, state=State.RUNNING, attempts=self.attempt)
+
+    def holds(self) -> bool:
+        return self.rows().exists()
+
+
+class LostClaim(RuntimeError):
+    """The control loop gave this run up (its heartbeat went stale); it must stop."""
+
+
 class Reporter:
     """What a job process tells its row: progress (0..1), a message, log lines. Writes are
-    throttled to one per ``interval`` seconds (plus one at the end, ``flush``)."""
+    throttled to one per ``interval`` seconds (plus one at the end, in ``_finish``)."""
 
-    def __init__(self, job: PackageJob, *, interval: float = 0.5) -> None:
-        self.job_id = job.pk
+    def __init__(self, job: PackageJob, claim: Claim, *, interval: float = 0.5) -> None:
+        self.claim = claim
         self.interval = interval
         self.lines: list[str] = [job.log] if job.log else []
         self.fraction = job.progress
@@ -72,11 +93,12 @@ class Reporter:
         self.lines.append(text.rstrip("\n"))
         self(None)
 
-    def flush(self) -> None:
+    def fields(self) -> dict[str, Any]:
         text = "\n".join(self.lines)[-PackageJob.LOG_LIMIT :]
-        PackageJob.objects.filter(pk=self.job_id).update(
-            progress=self.fraction, message=self.message, log=text, heartbeat_at=timezone.now()
-        )
+        return {"progress": self.fraction, "message": self.message, "log": text}
+
+    def flush(self) -> None:
+        self.claim.rows().update(**self.fields(), heartbeat_at=timezone.now())
         self._written = time.monotonic()
 
 
@@ -84,9 +106,8 @@ def job_execute(job_id: int, *, claimed: bool = False) -> PackageJob:
     """Run job ``job_id`` here, to the end; its outcome is in the row. ``claimed``: the
     control loop moved it to running and started this process for it (``manage.py
     packagejob``); otherwise (``manage.py package ...`` in-process, tests) it is claimed here,
-    and when the control loop claimed it first this waits for that run to end."""
-    from inference.packages.services import package_store
-
+    and when the control loop claimed it first this waits for that run to end. An interrupt
+    (Ctrl-C) of an in-process run cancels the job."""
     job = PackageJob.objects.select_related("package").get(pk=job_id)
     if job.finished:
         return job
@@ -97,29 +118,40 @@ def job_execute(job_id: int, *, claimed: bool = False) -> PackageJob:
         if not running.update(pid=os.getpid(), heartbeat_at=timezone.now()):
             return PackageJob.objects.get(pk=job.pk)  # cancelled before it began
     job.refresh_from_db()
-    report = Reporter(job)
+    claim = Claim(job.pk, job.attempts)
+    _run(job, claim, claimed=claimed)
+    job.refresh_from_db()
+    return job
+
+
+def _run(job: PackageJob, claim: Claim, *, claimed: bool) -> None:
+    from inference.packages.services import package_store
+
+    report = Reporter(job, claim)
     store = package_store()
     work = store.work_dir(f"job-{job.pk}")
-    beat = Heartbeat(job.pk, interrupt_on_cancel=not claimed)
+    beat = Heartbeat(claim, own_process_group=claimed)
     beat.start()
     try:
-        result, output = RUNNERS[job.kind](job, report, work)
+        try:
+            result, output = RUNNERS[job.kind](job, report, work)
+        finally:
+            beat.stop()  # before the end is written: no interrupt lands in it
     except Exception as exc:  # any failure is the job's outcome, kept with its message
-        log.exception("job %s failed", job_id)
+        log.exception("job %s failed", job.pk)
         report.line(f"failed: {exc}")
         _finish(job, report, State.FAILED, error=str(exc) or type(exc).__name__)
-    except BaseException:  # SIGTERM (SystemExit) or an interrupt: a cancel or a shutdown
-        if PackageJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+    except BaseException:  # SIGTERM (SystemExit) or an interrupt: a cancel, or a shutdown
+        asked = PackageJob.objects.filter(pk=job.pk, cancel_requested=True).exists()
+        if asked or not claimed:  # Ctrl-C on an in-process run is a cancel too
+            claim.rows().update(cancel_requested=True)
             report.line("cancelled")
             _finish(job, report, State.CANCELLED)
         raise
     else:
         _finish(job, report, State.SUCCEEDED, result=result, output=output)
     finally:
-        beat.stop()
         store.discard_work(f"job-{job.pk}")
-    job.refresh_from_db()
-    return job
 
 
 def _claim(job_id: int, *, pid: int | None) -> bool:
@@ -137,25 +169,29 @@ def _claim(job_id: int, *, pid: int | None) -> bool:
 
 
 def _wait_for(job_id: int, poll: float = 1.0) -> PackageJob:
+    """Follow a run of the job elsewhere to its end; run it here if it is queued again."""
     while True:
         job = PackageJob.objects.get(pk=job_id)
         if job.finished:
             return job
+        if job.state == State.QUEUED:
+            return job_execute(job_id)
         time.sleep(poll)
 
 
 class Heartbeat:
-    """A thread that writes the job's ``heartbeat_at`` every ``PACKAGE_JOB_HEARTBEAT_S`` and,
-    with ``interrupt_on_cancel``, interrupts the main thread once when a cancel is asked for
-    (a job the control loop did not start has no process group it may kill; the main thread
-    sees ``KeyboardInterrupt`` when it next runs Python code)."""
+    """A thread that writes the run's ``heartbeat_at`` every ``PACKAGE_JOB_HEARTBEAT_S`` and
+    stops the run when a cancel is asked for or the run lost its claim: a process the control
+    loop started (``own_process_group``) gets SIGTERM to its group (with the node an
+    evaluation started), an in-process run an interrupt in its main thread (seen when it next
+    runs Python code)."""
 
-    def __init__(self, job_id: int, *, interrupt_on_cancel: bool = True) -> None:
-        self.job_id = job_id
-        self.interrupt_on_cancel = interrupt_on_cancel
+    def __init__(self, claim: Claim, *, own_process_group: bool = False) -> None:
+        self.claim = claim
+        self.own_process_group = own_process_group
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, name=f"job-{job_id}-heartbeat", daemon=True
+            target=self._run, name=f"job-{claim.job_id}-heartbeat", daemon=True
         )
 
     def start(self) -> None:
@@ -163,27 +199,35 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        interrupted = False
         try:
             while not self._stop.wait(settings.PACKAGE_JOB_HEARTBEAT_S):
                 try:
-                    interrupted = self._beat(interrupted)
+                    if not self._beat():
+                        self._stop_the_run()
+                        return
                 except Exception:  # a missed beat is not the job's failure; the next may land
-                    log.warning("job %s: heartbeat not written", self.job_id, exc_info=True)
+                    log.warning("job %s: heartbeat not written", self.claim.job_id, exc_info=True)
         finally:
             connection.close()
 
-    def _beat(self, interrupted: bool) -> bool:
-        rows = PackageJob.objects.filter(pk=self.job_id, state=State.RUNNING)
-        rows.update(heartbeat_at=timezone.now())
-        if self.interrupt_on_cancel and not interrupted:
-            if rows.filter(cancel_requested=True).exists():
-                _thread.interrupt_main()
-                return True
-        return interrupted
+    def _beat(self) -> bool:
+        """Write the beat; False when the run must stop (cancelled, or no longer its)."""
+        rows = self.claim.rows()
+        if not rows.update(heartbeat_at=timezone.now()):
+            return False
+        return not rows.filter(cancel_requested=True).exists()
+
+    def _stop_the_run(self) -> None:
+        if self._stop.is_set():
+            return
+        if self.own_process_group:
+            os.killpg(os.getpgrp(), signal.SIGTERM)
+        else:
+            _thread.interrupt_main()
 
 
 def _finish(
@@ -195,15 +239,19 @@ def _finish(
     result: Any = None,
     output: ModelPackage | None = None,
 ) -> None:
-    """Write the outcome, once: only a job still running is finished (a cancel the control
-    loop already wrote stands)."""
+    """Write the outcome, once, with the last progress and log: only while this run still
+    holds the job (a cancel the control loop already wrote stands, untouched)."""
     if state == State.SUCCEEDED:
         report(1.0, "done")
     elif state == State.CANCELLED:
         report(None, "cancelled")
-    report.flush()
-    finished = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
-        state=state, error=error, result=result, output=output, finished_at=timezone.now()
+    finished = report.claim.rows().update(
+        **report.fields(),
+        state=state,
+        error=error,
+        result=result,
+        output=output,
+        finished_at=timezone.now(),
     )
     if finished and state != State.SUCCEEDED:
         _after_failure(job, "evaluation cancelled" if state == State.CANCELLED else error)
@@ -305,8 +353,14 @@ def _run_evaluate(job: PackageJob, report: Reporter, work: Path):
 
     package = job.package
     assert package is not None
+    if "status_before" in job.params and package.status != ModelPackage.Status.EVALUATING:
+        raise RuntimeError(  # a rerun: someone decided while the job waited
+            f"{package.key} became {package.status} while the evaluation waited to run again"
+        )
     before = services.package_mark_evaluating(package)
     if "status_before" not in job.params:  # a rerun after a dead process keeps the first one
+        if before == ModelPackage.Status.EVALUATING:  # stranded by an earlier run
+            before = ModelPackage.Status.DRAFT
         job.params = {**job.params, "status_before": before}
         PackageJob.objects.filter(pk=job.pk).update(params=job.params)
     subset = job.params.get("subset")
@@ -317,6 +371,8 @@ def _run_evaluate(job: PackageJob, report: Reporter, work: Path):
         threads=int(job.params.get("threads") or settings.PACKAGE_JOB_THREADS),
         progress=lambda f, m="": report(0.98 * f, m),
     )
+    if not report.claim.holds():
+        raise LostClaim(f"job {job.pk}: the control loop gave this run up")
     result = services.package_record_evaluation(
         package_id=package.pk,
         report=evaluation,
@@ -345,6 +401,7 @@ def jobs_tick() -> None:
     close_old_connections()
     for job in PackageJob.objects.filter(state=State.RUNNING):
         _watch(job)
+    _reap()
     if not PackageJob.objects.filter(state=State.RUNNING).exists():
         job = PackageJob.objects.filter(state=State.QUEUED).order_by("created_at", "id").first()
         if job is not None:
@@ -370,6 +427,14 @@ def _watch(job: PackageJob) -> None:
             _clean_up(job, State.FAILED, f"the job process stopped {job.attempts} times")
         else:
             _requeue(job, "the job process stopped before the end; it will run again")
+
+
+def _reap() -> None:
+    """Wait for job processes that ended (no zombies) once their job is no longer running."""
+    running = set(PackageJob.objects.filter(state=State.RUNNING).values_list("pk", flat=True))
+    for pk, child in list(_children.items()):
+        if pk not in running and child.poll() is not None:
+            _children.pop(pk, None)
 
 
 def _start(job: PackageJob) -> None:

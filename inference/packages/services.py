@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
@@ -135,7 +135,7 @@ def package_import_file(
         if chat_template is not None and chat_template.strip():
             path = _with_template(path, chat_template, scratch)
             template_source = ModelPackage.TemplateSource.OPERATOR
-        stored = store.stored(path) if store.holds(path) else store.add_file(path)
+        stored = _stored_already(store, path) if store.holds(path) else store.add_file(path)
     warnings: list[str] = []
     with unless_registered(stored):
         facts = _read_facts(stored.path)  # the stored bytes, not a source that may change
@@ -164,6 +164,13 @@ def package_import_file(
 GGUF_MAGIC = b"GGUF"
 
 
+def _stored_already(store: PackageStore, path: Path) -> Stored:
+    try:
+        return store.stored(path)
+    except ValueError as exc:
+        raise BadFile(str(exc)) from exc
+
+
 def _check_magic(path: Path) -> None:
     """Raise ``BadFile`` unless ``path`` starts like a GGUF (before copying a byte of it).
     The message does not quote the file's bytes: the path may name any file on the host."""
@@ -178,13 +185,13 @@ def _check_magic(path: Path) -> None:
 
 @contextmanager
 def unless_registered(stored: Stored) -> Iterator[Stored]:
-    """``stored``, removed from the store again when the block fails and no version refers
-    to it (a failed import, build or template change leaves no file behind; a file another
-    version shares stays)."""
+    """``stored``, removed from the store again when the block fails, if this writer created
+    it and no version refers to it (a failed import, build or template change leaves no file
+    behind; a file that was there already, or that another version shares, stays)."""
     try:
         yield stored
     except BaseException:
-        if not ModelPackage.objects.filter(gguf_path=str(stored.path)).exists():
+        if stored.created and not ModelPackage.objects.filter(sha256=stored.sha256).exists():
             stored.path.unlink(missing_ok=True)
         raise
 
@@ -241,28 +248,36 @@ def _register(
                 field="version",
             )
         return existing, False
-    package = ModelPackage.objects.create(
-        name=name,
-        version=version,
-        family=family,
-        gguf_path=stored_path,
-        sha256=sha256,
-        size_bytes=size_bytes,
-        quantization=facts.quantization,
-        architecture=facts.architecture,
-        parameters=facts.parameters,
-        context_window=facts.context_length or 2048,
-        chat_template=facts.chat_template,
-        chat_template_sha256=facts.chat_template_sha256,
-        template_source=template_source,
-        tensor_types=facts.tensor_types,
-        ctx_per_seq=min(2048, facts.context_length or 2048),
-        sequences=8,
-        sampling=dict(DEFAULT_SAMPLING),
-        lineage=lineage,
-        parent=parent,
-        build_report=build_report,
-    )
+    try:
+        with transaction.atomic():  # a savepoint: the unique (name, version) may refuse it
+            package = ModelPackage.objects.create(
+                name=name,
+                version=version,
+                family=family,
+                gguf_path=stored_path,
+                sha256=sha256,
+                size_bytes=size_bytes,
+                quantization=facts.quantization,
+                architecture=facts.architecture,
+                parameters=facts.parameters,
+                context_window=facts.context_length or 2048,
+                chat_template=facts.chat_template,
+                chat_template_sha256=facts.chat_template_sha256,
+                template_source=template_source,
+                tensor_types=facts.tensor_types,
+                ctx_per_seq=min(2048, facts.context_length or 2048),
+                sequences=8,
+                sampling=dict(DEFAULT_SAMPLING),
+                lineage=lineage,
+                parent=parent,
+                build_report=build_report,
+            )
+    except IntegrityError as exc:  # the same name:version, registered a moment ago
+        raise Conflict(
+            f"{name}:{version} was registered meanwhile; a new file is a new version.",
+            code="package_conflict",
+            field="version",
+        ) from exc
     audit_record(
         action="package.create",
         target=package.key,
@@ -438,9 +453,9 @@ def package_delete(*, package_id: int) -> None:
         raise Conflict(
             f"{package.key} is served by nodes; move them first.", code="package_in_use"
         ) from exc
-    if not ModelPackage.objects.filter(gguf_path=package.gguf_path).exists():
-        path = Path(package.gguf_path)
-        if package_store().holds(path):
+    if not ModelPackage.objects.filter(sha256=package.sha256).exists():
+        path = package_store().path_for(package.sha256)
+        if path.resolve() == Path(package.gguf_path).resolve():
             path.unlink(missing_ok=True)
     audit_record(action="package.remove", target=package.key)
 
@@ -688,6 +703,12 @@ def job_cancel(*, job_id: int) -> PackageJob:
         if job.state == PackageJob.State.QUEUED:
             job.state = PackageJob.State.CANCELLED
             job.finished_at = timezone.now()
+            if job.package_id and "status_before" in job.params:  # queued again after a run
+                package_evaluation_ended(
+                    package_id=job.package_id,
+                    status_before=job.params["status_before"],
+                    why="the evaluation was cancelled",
+                )
         job.save(update_fields=["cancel_requested", "state", "finished_at"])
         audit_record(action="package.job_cancel", target=f"job {job_id}")
     return job

@@ -27,6 +27,7 @@ class Stored:
     sha256: str
     path: Path
     size_bytes: int
+    created: bool = False  # this call wrote it (not there before): only its writer removes it
 
 
 class PackageStore:
@@ -89,11 +90,13 @@ class PackageStore:
 
     def _settle(self, tmp: Path, sha256: str, size: int) -> Stored:
         final = self.path_for(sha256)
-        if not final.exists():
+        created = not final.exists()
+        if created:
             final.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)
-        return Stored(sha256=sha256, path=final, size_bytes=size)
+        os.utime(final)  # young again: the garbage sweep spares it until it is registered
+        return Stored(sha256=sha256, path=final, size_bytes=size, created=created)
 
     def collect_garbage(self, referenced: set[str], *, older_than_s: float = 3600) -> list[Path]:
         """Remove stored files no package refers to (``referenced``: their paths) and
@@ -118,8 +121,13 @@ class PackageStore:
         return removed
 
     def stored(self, path: Path) -> Stored:
-        """A file already in the store (named by its sha256)."""
-        return Stored(sha256=Path(path).stem, path=Path(path), size_bytes=Path(path).stat().st_size)
+        """A file already in the store (named by its sha256), by its canonical path.
+        Raises ``ValueError`` for a path that is not where its name says it belongs."""
+        sha256 = Path(path).stem
+        canonical = self.path_for(sha256)
+        if canonical.resolve() != Path(path).resolve() or not canonical.is_file():
+            raise ValueError(f"{path} is not a file of the package store")
+        return Stored(sha256=sha256, path=canonical, size_bytes=canonical.stat().st_size)
 
     def holds(self, path: str | Path) -> bool:
         """True when ``path`` is a file of this store."""

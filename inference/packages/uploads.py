@@ -22,8 +22,10 @@ removed (``uploads_collect_stale``, from the control loop).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import os
 import re
 import secrets
 import shutil
@@ -102,13 +104,16 @@ def _read(path: Path) -> Upload:
 def _locked(upload_id: str) -> Iterator[Path]:
     """The upload's directory, held against other requests for the same upload."""
     path = _dir(upload_id)
-    with open(path / "meta.json", "rb") as handle:
+    gone = NotFound(f"No upload {upload_id} (finished or discarded).", code="upload_not_found")
+    try:
+        handle = open(path / "meta.json", "rb")  # noqa: SIM115 (held for the lock's life)
+    except FileNotFoundError as exc:  # finished or discarded a moment ago
+        raise gone from exc
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             if not (path / "meta.json").is_file():  # finished while we waited
-                raise NotFound(
-                    f"No upload {upload_id} (finished or discarded).", code="upload_not_found"
-                )
+                raise gone
             yield path
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
@@ -117,12 +122,12 @@ def _locked(upload_id: str) -> Iterator[Path]:
 def upload_begin(
     *, name: str, version: str | None = None, size: int, sha256: str = "", filename: str = ""
 ) -> Upload:
-    """Start an upload of ``size`` bytes to import as ``name:version`` (the next version when
-    omitted). Raises ``Invalid`` (bad name, size 0 or over ``PACKAGE_UPLOAD_MAX_BYTES``, a
+    """Start an upload of ``size`` bytes to import as ``name:version`` (the next version at
+    finish when omitted). Raises ``Invalid`` (bad name, size 0 or over ``PACKAGE_UPLOAD_MAX_BYTES``, a
     sha256 that is not 64 hex digits), ``Conflict`` (``name:version`` exists with another
-    file), ``InsufficientStorage`` (the disk has less room than ``size``)."""
-    version = version or services.next_version(name)
-    services.check_name(name, version)
+    file), ``InsufficientStorage`` (the disk has less room than ``size`` beside the uploads under
+    way)."""
+    services.check_name(name, version or "1")
     sha256 = sha256.strip().lower()
     if sha256 and not SHA256.fullmatch(sha256):
         raise Invalid("sha256: 64 hexadecimal digits.", field="sha256")
@@ -131,8 +136,8 @@ def upload_begin(
         raise Invalid(
             f"size: between 1 and {limit:,} bytes; this upload is {size:,}.", field="size"
         )
-    existing = ModelPackage.objects.filter(name=name, version=version).first()
-    if existing is not None and existing.sha256 != sha256:
+    existing = ModelPackage.objects.filter(name=name, version=version).first() if version else None
+    if existing is not None and sha256 and existing.sha256 != sha256:
         raise Conflict(
             f"{existing.key} exists; a different file is a new version.",
             code="package_conflict",
@@ -140,15 +145,16 @@ def upload_begin(
         )
     root = _root()
     root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
+    free = shutil.disk_usage(root).free - _promised()
     if free < size:
         raise InsufficientStorage(
-            f"the package store has {free:,} bytes free; the upload needs {size:,}."
+            f"the package store has {max(0, free):,} bytes free beside the uploads under way; "
+            f"this one needs {size:,}."
         )
     upload = Upload(
         id=secrets.token_hex(16),
         name=name,
-        version=version,
+        version=version or "",
         size=size,
         sha256=sha256,
         filename=Path(filename).name[:255],
@@ -198,8 +204,16 @@ def upload_append(*, upload_id: str, offset: int, data: bytes) -> Upload:
                 f"{upload.filename or 'the upload'} is not a GGUF file: it starts with "
                 f"{data[:4]!r}, a GGUF file starts with {GGUF_MAGIC!r}."
             )
-        with open(path / "data.part", "ab") as out:
-            out.write(data)
+        try:
+            with open(path / "data.part", "ab") as out:
+                out.write(data)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            os.truncate(path / "data.part", offset)  # the part is all or nothing
+            raise InsufficientStorage(
+                "the package store's disk is full; free space and send this part again."
+            ) from exc
         upload.received += len(data)
         return upload
 
@@ -233,9 +247,21 @@ def _import(upload: Upload, data: Path) -> Imported:
         return services.package_import_file(
             path=stored.path,
             name=upload.name,
-            version=upload.version,
+            version=upload.version or None,  # none given: the next one, now
             source={"kind": "import", "from": f"upload {upload.filename or '(unnamed)'}"},
         )
+
+
+def _promised() -> int:
+    """Bytes the uploads under way have announced and not yet sent."""
+    total = 0
+    for path in _root().glob("*/meta.json"):
+        try:
+            upload = _read(path.parent)
+        except (OSError, ValueError, TypeError):
+            continue
+        total += max(0, upload.size - upload.received)
+    return total
 
 
 def upload_discard(*, upload_id: str) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,8 @@ from nodes.agent.asgi_io import (
 from nodes.agent.auth import CredentialCheck
 from nodes.agent.completions import ChatService, CompletionShaper, Generation, collect
 from nodes.agent.metrics import prometheus_text
+from nodes.agent.outcomes import Outcomes
+from nodes.agent.switch import SwitchRefused, SwitchRequest, SwitchStatus, load_engine, retire
 
 JSON_LIMIT = 8 << 20
 STATE_LIMIT = 1 << 30
@@ -54,6 +59,7 @@ ROUTES = (
     Route(re.compile(r"^/metrics$"), ("GET",), "_metrics", "/metrics"),
     Route(re.compile(r"^/slots$"), ("GET",), "_slots", "/slots"),
     Route(re.compile(r"^/v1/models$"), ("GET",), "_models_list", "/v1/models"),
+    Route(re.compile(r"^/package$"), ("GET", "PUT"), "_package", "/package"),
     Route(re.compile(r"^/v1/chat/completions$"), ("POST",), "_chat", "/v1/chat/completions"),
     Route(
         re.compile(r"^/sessions/(?P<sid>[^/]{1,200})(?P<state>/state)?/?$"),
@@ -89,6 +95,8 @@ class NodeApp:
         self.engine = engine
         self._service_factory = service_factory
         self._service: ChatService | None = None
+        self.switch: SwitchStatus | None = None
+        self.outcomes = Outcomes()  # of the package served now (a switch starts afresh)
 
     @property
     def service(self) -> ChatService | None:
@@ -139,7 +147,8 @@ class NodeApp:
         await send_json(send, 401, body, {**self.headers, "www-authenticate": "Bearer"})
 
     async def _metrics(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        body = prometheus_text(self.identity.node_id, self.engine.snapshot()).encode()
+        snapshot = {**self.engine.snapshot(), **self.outcomes.snapshot()}
+        body = prometheus_text(self.identity.node_id, snapshot).encode()
         await send_bytes(send, 200, body, "text/plain; version=0.0.4", self.headers)
 
     async def _slots(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -180,6 +189,8 @@ class NodeApp:
                 "node": self.identity.node_id,
                 "array": self.identity.array_id,
                 "model": self.identity.package,
+                "sha256": self.identity.model_sha256,
+                "switch": self.switch.as_dict() if self.switch else None,
                 "pid": os.getpid(),
                 "sequences_active": snap["sequences_active"],
                 "queue_depth": snap["queue_depth"],
@@ -211,17 +222,18 @@ class NodeApp:
             raw = await read_body(receive, JSON_LIMIT)
         except BodyTooLarge as exc:
             return await self._error(send, 413, str(exc), code="body_too_large")
-        service = self.service
+        # what serves this request, to its end, even if the node switches package meanwhile
+        service, engine, identity = self.service, self.engine, self.identity
         if service is None:
             return await self._error(
                 send, 503, "the model is still loading", code="loading", retry=True
             )
         try:
-            chat = parse_chat_request(_with_default_model(decode_json(raw), self.identity.package))
-            if chat.model != self.identity.package:
+            chat = parse_chat_request(_with_default_model(decode_json(raw), identity.package))
+            if chat.model != identity.package:
                 raise BadRequest(
                     f"model {chat.model!r} is not served by this node "
-                    f"(it serves {self.identity.package!r})",
+                    f"(it serves {identity.package!r})",
                     param="model",
                     code="model_not_found",
                 )
@@ -237,33 +249,35 @@ class NodeApp:
             return await self._error(send, status, exc.message, code=exc.code, param=exc.param)
         except QueueFull as exc:
             return await self._error(send, 503, str(exc), code="queue_full", retry=True)
-        watcher = watch_disconnect(receive, lambda: self.engine.cancel(generation.request))
+        watcher = watch_disconnect(receive, lambda: engine.cancel(generation.request))
         try:
             if chat.stream:
-                await self._stream(generation, send)
+                await self._stream(generation, send, identity)
             else:
-                await self._complete(generation, send)
+                await self._complete(generation, send, identity)
         finally:
             watcher.cancel()
-            self.engine.cancel(generation.request)  # no-op when finished; frees it otherwise
+            engine.cancel(generation.request)  # no-op when finished; frees it otherwise
 
-    def _shaper(self, generation: Generation) -> CompletionShaper:
+    def _shaper(self, generation: Generation, identity: NodeIdentity) -> CompletionShaper:
         return CompletionShaper(
-            model=self.identity.package,
+            model=identity.package,
             node_id=self.identity.node_id,
             tools=generation.chat.tool_mode is not None and generation.chat.tool_mode.allows_call,
         )
 
-    async def _complete(self, generation: Generation, send: Send) -> None:
+    async def _complete(self, generation: Generation, send: Send, identity: NodeIdentity) -> None:
         result = await collect(generation)
+        self._record(result, self._shaper(generation, identity))
         if isinstance(result, Failed) and result.client_error:
             return await self._error(send, 400, result.message, code="unsupported_schema")
         if isinstance(result, Failed):
             return await self._error(send, 500, result.message, code="engine_error")
-        await send_json(send, 200, self._shaper(generation).completion(result), self.headers)
+        completion = self._shaper(generation, identity).completion(result)
+        await send_json(send, 200, completion, self.headers)
 
-    async def _stream(self, generation: Generation, send: Send) -> None:
-        shaper = self._shaper(generation)
+    async def _stream(self, generation: Generation, send: Send, identity: NodeIdentity) -> None:
+        shaper = self._shaper(generation, identity)
         await send_start(
             send, 200, "text/event-stream", {**self.headers, "cache-control": "no-cache"}
         )
@@ -278,13 +292,83 @@ class NodeApp:
                 for chunk in shaper.delta_chunks(event):
                     await emit(sse(chunk))
             elif isinstance(event, Finished):
+                self._record(event, shaper)
                 for chunk in shaper.final_chunks(event):
                     await emit(sse(chunk))
                 break
             elif isinstance(event, Failed):
+                self._record(event, shaper)
                 await emit(sse(_failure_body(event)))
                 break
         await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+
+    def _record(self, result: Finished | Failed, shaper: CompletionShaper) -> None:
+        if isinstance(result, Failed):
+            self.outcomes.record(failed=not result.client_error)
+            return
+        self.outcomes.record(
+            ttft_ms=result.timings.get("ttft_ms"), tool_broken=shaper.tool_call_broken(result.text)
+        )
+
+    # Package switch ---------------------------------------------------------------------
+
+    async def _package(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """GET: what the node serves and its last switch. PUT: switch (202; 409 while one
+        runs; 400 naming what is wrong). See nodes/agent/switch.py."""
+        if scope["method"] == "PUT":
+            try:
+                request = SwitchRequest.from_body(decode_json(await read_body(receive, JSON_LIMIT)))
+            except (SwitchRefused, BadRequest, BodyTooLarge) as exc:
+                return await self._error(send, 400, str(exc), code="invalid_switch")
+            if self.switch is not None and self.switch.running:
+                return await self._error(
+                    send, 409, f"a switch to {self.switch.package} is under way", code="switching"
+                )
+            self.switch = SwitchStatus(request.package, request.sha256)
+            loop = asyncio.get_running_loop()
+            threading.Thread(
+                target=self._load, args=(request, self.switch, loop), name="switch", daemon=True
+            ).start()
+            return await send_json(send, 202, self._package_state(), self.headers)
+        return await send_json(send, 200, self._package_state(), self.headers)
+
+    def _package_state(self) -> dict[str, Any]:
+        config = self.engine.config
+        return {
+            "package": self.identity.package,
+            "sha256": self.identity.model_sha256,
+            "model_path": config.model_path,
+            "settings": {
+                "threads": config.threads,
+                "sequences": config.sequences,
+                "ctx_per_seq": config.ctx_per_seq,
+                "host_ram_mib": config.host_ram_mib,
+            },
+            "switch": self.switch.as_dict() if self.switch else None,
+        }
+
+    def _load(
+        self, request: SwitchRequest, status: SwitchStatus, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """On a thread of its own: load the new engine, then hand it to the event loop."""
+        try:
+            engine = load_engine(request, self.engine.config, status)
+        except Exception as exc:  # the old engine goes on serving; the status says why
+            status.fail(f"the switch failed: {exc}")
+            return
+        if engine is not None:
+            identity = dataclasses.replace(
+                self.identity, package=request.package, model_sha256=request.sha256
+            )
+            loop.call_soon_threadsafe(self._adopt, engine, identity, status)
+
+    def _adopt(self, engine: Engine, identity: NodeIdentity, status: SwitchStatus) -> None:
+        """On the event loop, in one step: the new engine serves every request from now."""
+        old = self.engine
+        self.engine, self.identity, self._service = engine, identity, None
+        self.outcomes = Outcomes()
+        status.state, status.finished_at = "done", time.time()
+        retire(old)
 
     # Sessions ---------------------------------------------------------------------------
 

@@ -206,6 +206,13 @@ class CompletionShaper:
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
         }
 
+    def tool_call_broken(self, text: str) -> bool:
+        """True when tools were offered and the answer began a tool call that does not
+        parse (``phalanx_node_tool_parse_failures_total``)."""
+        return (
+            self.tools and text.lstrip().startswith(TOOL_OPEN[0]) and parse_tool_call(text) is None
+        )
+
     def first_chunk(self) -> dict[str, Any]:
         return self._chunk({"role": "assistant", "content": ""})
 

@@ -120,6 +120,24 @@ _SERIES = [
         "gauge",
         "How fast the node prefills: prompt tokens per second of prefilling steps (moving average).",
     ),
+    (
+        "failed_total",
+        "phalanx_node_failed_requests_total",
+        "counter",
+        "Chat requests that failed on the node's side (engine errors; not the client's).",
+    ),
+    (
+        "tool_parse_failures_total",
+        "phalanx_node_tool_parse_failures_total",
+        "counter",
+        "Answers that began a tool call the node could not parse.",
+    ),
+    (
+        "ttft_p95_seconds",
+        "phalanx_node_ttft_p95_seconds",
+        "gauge",
+        "Time to first token, 95th percentile of the last 256 requests (NaN before any).",
+    ),
 ]
 
 
@@ -131,7 +149,7 @@ def prometheus_text(node_id: str, snapshot: dict[str, Any]) -> str:
         lines += [
             f"# HELP {name} {help_text}",
             f"# TYPE {name} {kind}",
-            f"{name}{{{label}}} {snapshot.get(key, 0)}",
+            f"{name}{{{label}}} {_value(snapshot.get(key, 0))}",
         ]
     lines += [
         "# HELP phalanx_node_sequences KV sequences by state.",
@@ -147,3 +165,7 @@ def prometheus_text(node_id: str, snapshot: dict[str, Any]) -> str:
         f"phalanx_node_ready{{{label}}} {1 if snapshot.get('ready') else 0}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _value(value: Any) -> Any:
+    return "NaN" if value is None else value

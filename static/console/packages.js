@@ -161,25 +161,39 @@
       ? `${what} failed (HTTP ${answer.status}).` : `${what} was interrupted.`));
   }
 
+  const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
   async function uploadInParts(base, chosen, meta, onProgress, onSent) {
     const begun = await api("POST", base, JSON.stringify({...meta, size: chosen.size}));
     if (begun.status !== 201) throw refused(begun, "The upload");
     const upload = begun.body;
-    let offset = 0, tries = 0;
-    while (offset < chosen.size) {
-      const part = chosen.slice(offset, offset + upload.part_bytes);
-      const sent = await api("PUT", `${base}/${upload.id}?offset=${offset}`, part, "application/octet-stream");
-      if (sent.status === 200) { offset = sent.body.received; tries = 0; onProgress(offset); continue; }
-      const resumable = sent.status === 0 || sent.status === 409 || sent.status >= 500;
-      if (!resumable || ++tries > 3) throw refused(sent, "The upload");
-      const where = await api("GET", `${base}/${upload.id}`);
-      if (where.status !== 200) throw refused(where, "The upload");
-      offset = where.body.received;
+    try {
+      await sendParts(`${base}/${upload.id}`, chosen, upload.part_bytes, onProgress);
+    } catch (problem) {
+      api("DELETE", `${base}/${upload.id}`);  // what arrived is of no use now
+      throw problem;
     }
     onSent();
     const done = await api("POST", `${base}/${upload.id}/finish`);
     if (done.status !== 200 && done.status !== 201) throw refused(done, "Storing the upload");
     return `/packages/${done.body.id}/`;
+  }
+
+  // Each part in order; after an interruption or a 5xx, ask the server how much arrived and
+  // go on from there, waiting 1, 2, 4, 8 s between tries (five tries, then give up).
+  async function sendParts(url, chosen, partBytes, onProgress) {
+    let offset = 0, tries = 0;
+    while (offset < chosen.size) {
+      const part = chosen.slice(offset, offset + partBytes);
+      const sent = await api("PUT", `${url}?offset=${offset}`, part, "application/octet-stream");
+      if (sent.status === 200) { offset = sent.body.received; tries = 0; onProgress(offset); continue; }
+      const resumable = sent.status === 0 || sent.status === 409 || sent.status >= 500;
+      if (!resumable || ++tries > 5) throw refused(sent, "The upload");
+      await sleep(1000 * 2 ** (tries - 1));
+      const where = await api("GET", url);
+      if (where.status === 200) offset = where.body.received;
+      else if (where.status !== 0 && where.status < 500) throw refused(where, "The upload");
+    }
   }
 
   // --- the family chart ------------------------------------------------------------------------

@@ -154,8 +154,12 @@ async def test_an_uploaded_gguf_is_stored_in_parts_and_its_sha256_checked(home, 
     assert body["lineage"] == {"kind": "import", "from": "upload smol.gguf", "template": "gguf"}
     again, _ = await upload(data, tokens["admin"], name="up", version="1", sha256=digest)
     assert again == 200
-    taken, body = await upload(data, tokens["admin"], name="up", version="1")
-    assert taken == 409 and body["detail"] == "up:1 exists; a different file is a new version."
+    same, _ = await upload(data, tokens["admin"], name="up", version="1")  # no sha256 given
+    assert same == 200
+    other = data[:-1] + bytes([data[-1] ^ 1])  # one bit of the last tensor
+    taken, body = await upload(other, tokens["admin"], name="up", version="1")
+    assert taken == 409 and body["detail"].startswith("up:1 exists with another file")
+    assert len(list((home / "packages" / "sha256").glob("*/*.gguf"))) == 1  # nothing kept
     forbidden, _ = await upload(data[:64], tokens["operator"], name="up2")
     assert forbidden == 403
     assert not list((home / "packages" / "incoming" / "uploads").iterdir())

@@ -1,15 +1,19 @@
 """``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``); each
 tick also keeps a utilization sample (``console.utilization.record_sample``) and starts,
-watches and cancels package jobs (``inference.packages.jobs.jobs_tick``)."""
+watches and cancels package jobs (``inference.packages.jobs.jobs_tick``). Rolling upgrades
+step in a thread of their own (``inference.upgrades.driver.run``): a smoke test takes seconds
+and must not hold up health checks."""
 
 from __future__ import annotations
 
 import signal
+import threading
 
 from django.core.management.base import BaseCommand
 
 from console.utilization import record_sample
 from inference.packages.jobs import jobs_shutdown, jobs_tick
+from inference.upgrades import driver as upgrades
 from nodes.control import ControlLoop
 
 
@@ -28,6 +32,7 @@ class Command(BaseCommand):
         loop = ControlLoop(after_tick=after_tick)
         if options["once"]:
             report = loop.tick()
+            upgrades.upgrades_tick()
             for node_id, status in report.statuses.items():
                 self.stdout.write(f"{node_id}: {status}")
             for event in report.events:
@@ -38,7 +43,12 @@ class Command(BaseCommand):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: loop.stop())
         self.stdout.write("control loop running")
+        upgrade_thread = threading.Thread(
+            target=upgrades.run, args=(loop.stop_event,), name="upgrades", daemon=True
+        )
+        upgrade_thread.start()
         try:
             loop.run()
         finally:
             jobs_shutdown()
+            upgrade_thread.join(timeout=30)

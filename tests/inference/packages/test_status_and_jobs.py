@@ -46,6 +46,10 @@ def package(name: str = "m", version: str = "1", status: str = "draft", **kw) ->
     )
 
 
+def reporter(job: PackageJob) -> jobs.Reporter:
+    return jobs.Reporter(job, jobs.Claim(job.pk, job.attempts))
+
+
 def running_job(**kw) -> PackageJob:
     now = timezone.now()
     fields = {"kind": "build", "state": State.RUNNING, "started_at": now, "heartbeat_at": now}
@@ -90,7 +94,7 @@ def test_a_re_evaluation_that_fails_puts_a_rejected_version_back_with_an_audit_e
     rejected = package(status="rejected", status_reason="tool_accuracy 0.10 < 0.50")
     before = services.package_mark_evaluating(rejected)
     job = running_job(kind="evaluate", package=rejected, params={"status_before": before})
-    jobs._finish(job, jobs.Reporter(job), State.FAILED, error="the node did not start")
+    jobs._finish(job, reporter(job), State.FAILED, error="the node did not start")
     rejected.refresh_from_db()
     assert rejected.status == "rejected"
     assert rejected.status_reason == "the evaluation did not finish: the node did not start"
@@ -134,16 +138,32 @@ def test_a_cancel_written_first_is_not_overwritten_by_the_jobs_own_end():
     job = running_job()
     services.job_cancel(job_id=job.pk)
     jobs._clean_up(PackageJob.objects.get(pk=job.pk), State.CANCELLED, "cancelled")
-    jobs._finish(job, jobs.Reporter(job), State.SUCCEEDED, result={"package": "m:2"})
+    jobs._finish(job, reporter(job), State.SUCCEEDED, result={"package": "m:2"})
     job.refresh_from_db()
     assert job.state == "cancelled" and job.result is None
+    assert job.message == "cancelled" and job.progress == 0.0 and "done" not in job.message
+
+
+def test_a_run_the_loop_gave_up_cannot_write_over_the_next_run(settings):
+    job = running_job(attempts=1)
+    old_run = reporter(job)
+    stale = timezone.now() - timedelta(seconds=settings.PACKAGE_JOB_STALE_S + 1)
+    PackageJob.objects.filter(pk=job.pk).update(heartbeat_at=stale)
+    jobs._watch(PackageJob.objects.get(pk=job.pk))  # queued again
+    assert jobs._claim(job.pk, pid=2)  # the next run
+    assert not old_run.claim.holds()
+    old_run(0.9, "old run")
+    old_run.flush()
+    jobs._finish(job, old_run, State.SUCCEEDED, result={"package": "m:2"})
+    job.refresh_from_db()
+    assert job.state == "running" and job.attempts == 2 and job.message != "old run"
 
 
 @pytest.mark.django_db(transaction=True)  # the heartbeat thread has its own connection
 def test_the_heartbeat_interrupts_a_job_that_is_cancelled(settings):
     settings.PACKAGE_JOB_HEARTBEAT_S = 0.05
     job = running_job()
-    beat = jobs.Heartbeat(job.pk)
+    beat = jobs.Heartbeat(jobs.Claim(job.pk, job.attempts))
     beat.start()
     services.job_cancel(job_id=job.pk)
     with pytest.raises(KeyboardInterrupt):
@@ -265,3 +285,27 @@ def test_a_partial_evaluation_whose_smoke_test_failed_rejects():
     draft.refresh_from_db()
     assert draft.status == "rejected"
     assert draft.status_reason == "failed: smoke test failed: template: boom"
+
+
+def test_cancelling_an_evaluation_queued_again_puts_its_version_back():
+    rejected = package(status="rejected")
+    before = services.package_mark_evaluating(rejected)
+    queued = PackageJob.objects.create(
+        kind="evaluate", package=rejected, params={"status_before": before}
+    )
+    services.job_cancel(job_id=queued.pk)
+    rejected.refresh_from_db()
+    assert (
+        rejected.status == "rejected" and rejected.status_reason == "the evaluation was cancelled"
+    )
+
+
+def test_an_upload_without_a_version_takes_the_next_one_when_it_finishes(home):
+    from inference.packages import uploads
+
+    first = uploads.upload_begin(name="m", size=10)
+    assert first.version == ""
+    package(version="1")
+    assert uploads.upload_begin(name="m", version="1", size=10).version == "1"  # no sha: later
+    with pytest.raises(Conflict, match="m:1 exists; a different file is a new version"):
+        uploads.upload_begin(name="m", version="1", size=10, sha256="1" * 64)

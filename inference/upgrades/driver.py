@@ -1,0 +1,473 @@
+"""The control loop's side of rolling upgrades: one step of each upgrade under way per tick.
+
+Every step reads the upgrade's row, does one thing to one node at most per node, and writes
+the row back, so a control-plane restart resumes where it was. A node goes through
+
+    waiting -> draining -> switching -> checking -> done
+
+``draining``: the node takes no new sessions (``Node.state`` draining); its sessions move to
+another node of the same version at their next turn (with their KV, docs/node-protocol.md),
+and the step waits until the node runs no request and no recently active session is pinned
+there, or ``drain_timeout_s``. ``switching``: ``PUT /package`` on the node, which loads the new
+version beside the old and swaps (nodes/agent/switch.py); streams running on the old engine
+finish there. ``checking``: ``/health`` says the new sha256, and a real smoke chat on the node
+(streamed, with a tool call and its result) passes; then the node takes traffic again.
+
+When a batch is done it bakes for ``bake_s``: new sessions go to the new version with
+``canary_share`` (first batch), then all of them; the new nodes' error rate, tool-call parse
+failures and TTFT P95 are compared with the old ones' over the bake (``plan.bake_gates``,
+from the nodes' own metrics). Any failed gate rolls back: every node that left the old
+version goes back to it the same way (drain, switch, check), and new sessions go to the old
+version at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from inference.models import SessionRoute, Upgrade, UpgradeSample
+from inference.packages.evaluation.smoke import smoke_test
+from inference.upgrades import plan
+from inference.upgrades.services import upgrade_event
+from nodes import client as node_client
+from nodes import services as node_services
+from nodes.models import Node, NodeEvent
+
+log = logging.getLogger(__name__)
+State = Upgrade.State
+RECENT_S = 30.0  # a pinned session seen this recently counts against a drain
+SMOKE_TIMEOUT_S = 120.0
+
+
+def upgrades_tick() -> None:
+    """One step of every upgrade under way, and a traffic sample of each."""
+    for upgrade_id in Upgrade.objects.filter(
+        state__in=(State.PENDING, State.RUNNING, State.ROLLING_BACK)
+    ).values_list("pk", flat=True):
+        try:
+            step(upgrade_id)
+        except Exception as exc:  # a bad step must not stop the others; it is retried
+            log.exception("upgrade %s: step failed", upgrade_id)
+            upgrade = Upgrade.objects.get(pk=upgrade_id)
+            upgrade_event(upgrade, "error", f"step failed, retried next tick: {exc}")
+    for upgrade in Upgrade.objects.filter(
+        state__in=(State.RUNNING, State.PAUSED, State.ROLLING_BACK)
+    ):
+        sample(upgrade)
+
+
+def run(stop: threading.Event, interval_s: float = 1.0) -> None:
+    """``upgrades_tick`` every ``interval_s`` until ``stop`` is set (a thread of the control
+    loop: a smoke test takes seconds and must not hold up health checks)."""
+    while not stop.is_set():
+        try:
+            upgrades_tick()
+        except Exception:
+            log.exception("upgrade tick failed")
+        finally:
+            close_old_connections()
+        stop.wait(interval_s)
+
+
+def step(upgrade_id: int) -> Upgrade:
+    """Advance one upgrade by one step; returns it as saved."""
+    with transaction.atomic():
+        upgrade = (
+            Upgrade.objects.select_for_update()
+            .select_related("from_package", "to_package")
+            .get(pk=upgrade_id)
+        )
+    if upgrade.state == State.PENDING:
+        upgrade.state, upgrade.started_at, upgrade.phase = State.RUNNING, timezone.now(), "batch 1"
+        upgrade_event(upgrade, "started", "the upgrade started")
+    elif upgrade.state == State.RUNNING:
+        _forward(upgrade)
+    elif upgrade.state == State.ROLLING_BACK:
+        _backward(upgrade)
+    _save(upgrade)
+    return upgrade
+
+
+def _save(upgrade: Upgrade) -> None:
+    """Write the driver's fields only if nobody paused or aborted it meanwhile (their action
+    wins; the step is done again from the row they left)."""
+    fields = dict(
+        state=upgrade.state,
+        phase=upgrade.phase,
+        nodes=upgrade.nodes,
+        gates=upgrade.gates,
+        bake=upgrade.bake,
+        new_share=upgrade.new_share,
+        reason=upgrade.reason,
+        started_at=upgrade.started_at,
+        finished_at=upgrade.finished_at,
+    )
+    current = Upgrade.objects.filter(pk=upgrade.pk).values_list("state", flat=True).first()
+    if current == State.PAUSED or (
+        current == State.ROLLING_BACK and upgrade.state == State.RUNNING
+    ):
+        fields = {k: v for k, v in fields.items() if k in ("nodes", "gates", "bake")}
+    Upgrade.objects.filter(pk=upgrade.pk).update(**fields)
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+
+def _forward(upgrade: Upgrade) -> None:
+    batch = _current_batch(upgrade)
+    if batch is None:
+        _finish(upgrade, State.SUCCEEDED, "every node serves the new version")
+        return
+    steps = [s for s in upgrade.nodes if s["batch"] == batch]
+    for s in steps:
+        if upgrade.state != State.RUNNING:
+            return
+        _advance(upgrade, s)
+    if upgrade.state == State.RUNNING and all(s["state"] == "done" for s in steps):
+        _bake(upgrade, batch)
+
+
+def _current_batch(upgrade: Upgrade) -> int | None:
+    """The first batch not yet through its bake, or None when every batch is."""
+    open_batches = [s["batch"] for s in upgrade.nodes if not s.get("baked")]
+    return min(open_batches) if open_batches else None
+
+
+def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
+    node = Node.objects.filter(node_id=s["node_id"]).first()
+    if node is None:
+        _fail(upgrade, s, "health", f"{s['node_id']} was removed from the array")
+        return
+    settings = upgrade.settings
+    if s["state"] == "waiting":
+        if node.state == Node.State.DOWN:
+            _fail(upgrade, s, "health", f"{node.node_id} is down: {node.last_probe_error}")
+            return
+        node_services.node_drain(node_id=node.node_id)
+        _move(upgrade, s, "draining", "drained: no new sessions")
+    elif s["state"] == "draining":
+        if _drained(node, s, settings["drain_timeout_s"]):
+            _switch(upgrade, s, node, upgrade.to_package, "switching")
+    elif s["state"] == "switching":
+        _await_switch(upgrade, s, node, upgrade.to_package, next_state="checking")
+    elif s["state"] == "checking":
+        if _check(upgrade, s, node):
+            if not s.get("was_draining"):
+                node_services.node_undrain(node_id=node.node_id)
+            _move(upgrade, s, "done", "serves the new version and takes traffic")
+            if upgrade.new_share == 0.0:
+                upgrade.new_share = 1.0 if upgrade.promote else float(settings["canary_share"])
+                upgrade_event(
+                    upgrade,
+                    "canary",
+                    f"new sessions to {upgrade.to_package.key}: {upgrade.new_share:.0%}",
+                )
+
+
+def _bake(upgrade: Upgrade, batch: int) -> None:
+    phase = f"baking batch {batch + 1}"
+    if upgrade.phase != phase:
+        upgrade.phase = phase
+        upgrade.bake = {
+            "batch": batch,
+            "started_at": timezone.now().isoformat(),
+            "before": _counters(),
+        }
+        upgrade_event(
+            upgrade, "bake", f"batch {batch + 1} bakes for {upgrade.settings['bake_s']:g} s"
+        )
+        return
+    started = datetime.fromisoformat(upgrade.bake["started_at"])
+    if not upgrade.promote and timezone.now() - started < timedelta(
+        seconds=upgrade.settings["bake_s"]
+    ):
+        return
+    old_ids, new_ids = _nodes_by_version(upgrade)
+    after = _counters()
+    before = upgrade.bake.get("before") or {}
+    old = plan.side_from(
+        {k: before.get(k, {}) for k in old_ids}, {k: after[k] for k in old_ids if k in after}
+    )
+    new = plan.side_from(
+        {k: before.get(k, {}) for k in new_ids}, {k: after[k] for k in new_ids if k in after}
+    )
+    results = plan.bake_gates(old, new, upgrade.settings)
+    for result in results:
+        _record_gate(upgrade, "", result)
+    failed = [r for r in results if not r["passed"]]
+    if failed:
+        _roll_back(upgrade, f"bake of batch {batch + 1}: {failed[0]['detail']}")
+        return
+    upgrade.new_share = 1.0
+    for s in upgrade.nodes:
+        if s["batch"] == batch:
+            s["baked"] = True
+    upgrade.phase = f"batch {batch + 2}"
+    upgrade.bake = {}
+    upgrade_event(
+        upgrade,
+        "bake_passed",
+        f"batch {batch + 1} passed its bake; new sessions all go to {upgrade.to_package.key}",
+    )
+    if _current_batch(upgrade) is None:
+        _finish(upgrade, State.SUCCEEDED, "every node serves the new version")
+
+
+def _nodes_by_version(upgrade: Upgrade) -> tuple[list[str], list[str]]:
+    rows = Node.objects.filter(
+        package_id__in=(upgrade.from_package_id, upgrade.to_package_id)
+    ).values_list("node_id", "package_id")
+    old = [n for n, p in rows if p == upgrade.from_package_id]
+    new = [n for n, p in rows if p == upgrade.to_package_id]
+    return old, new
+
+
+def _counters() -> dict[str, dict[str, float | None]]:
+    """Every node's request, failure and tool-parse counters and TTFT P95, as last scraped."""
+    out = {}
+    for node_id, load in Node.objects.values_list("node_id", "last_seen_load"):
+        load = load or {}
+        out[node_id] = {
+            k: load.get(k) for k in ("requests", "failed", "tool_parse_failures", "ttft_p95")
+        }
+    return out
+
+
+# --- one node ------------------------------------------------------------------------------------
+
+
+def _move(upgrade: Upgrade, s: dict[str, Any], state: str, detail: str) -> None:
+    s["state"], s["since"], s["detail"] = state, timezone.now().isoformat(), detail
+    upgrade_event(upgrade, state, detail, s["node_id"])
+
+
+def _since(s: dict[str, Any]) -> float:
+    return (timezone.now() - datetime.fromisoformat(s["since"])).total_seconds()
+
+
+def _drained(node: Node, s: dict[str, Any], timeout_s: float) -> bool:
+    """No request runs or waits on ``node`` (its metrics scraped since the drain began) and
+    no session active in the last ``RECENT_S`` is pinned there, or ``timeout_s`` passed."""
+    since = datetime.fromisoformat(s["since"])
+    if node.state == Node.State.DOWN:
+        return True  # nothing to wait for: the switch will say whether it answers
+    if node.last_probe_at is None or node.last_probe_at <= since:
+        return False
+    load = node.last_seen_load or {}
+    if load.get("active") or load.get("queue"):
+        return _since(s) >= timeout_s and not load.get("active")
+    recent = timezone.now() - timedelta(seconds=RECENT_S)
+    pinned = SessionRoute.objects.filter(node=node, last_seen_at__gte=recent).count()
+    if pinned and _since(s) < timeout_s:
+        s["detail"] = f"draining: {pinned} recently active sessions still pinned"
+        return False
+    return True
+
+
+def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str) -> None:
+    """Ask ``node`` to serve ``package`` (as the upgrade's model); idempotent after a restart:
+    a node already serving or loading it is not asked twice."""
+    current = node_client.package_state(node.address, node_id=node.node_id)
+    switch = (current or {}).get("switch") or {}
+    already = (current or {}).get("sha256") == package.sha256 or (
+        switch.get("sha256") == package.sha256 and switch.get("state") in ("verifying", "loading")
+    )
+    if not already:
+        try:
+            node_client.package_switch(
+                node.address,
+                node_id=node.node_id,
+                model_path=package.gguf_path,
+                package=upgrade.model,
+                sha256=package.sha256,
+            )
+        except (node_client.SwitchRefused, httpx.HTTPError) as exc:
+            _fail(upgrade, s, "switch", f"{node.node_id} refused {package.key}: {exc}")
+            return
+    _move(upgrade, s, state, f"loading {package.key}")
+
+
+def _await_switch(
+    upgrade: Upgrade, s: dict[str, Any], node: Node, package, *, next_state: str
+) -> bool:
+    """Wait for ``node`` to serve ``package``; on success record it and move to
+    ``next_state`` (True). A failed load, or none within ``switch_timeout_s``, fails the
+    ``switch`` gate."""
+    current = node_client.package_state(node.address, node_id=node.node_id)
+    switch = (current or {}).get("switch") or {}
+    if current and current.get("sha256") == package.sha256:
+        _served(node, package, upgrade.model)
+        _move(upgrade, s, next_state, f"serves {package.key}")
+        return True
+    if switch.get("sha256") == package.sha256 and switch.get("state") == "failed":
+        _fail(
+            upgrade,
+            s,
+            "switch",
+            f"{node.node_id} could not load {package.key}: {switch.get('error')}",
+        )
+    elif _since(s) > upgrade.settings["switch_timeout_s"]:
+        why = "does not answer" if current is None else f"is still {switch.get('state', '?')}"
+        _fail(upgrade, s, "switch", f"{node.node_id} {why} after {_since(s):.0f} s")
+    return False
+
+
+def _served(node: Node, package, model: str) -> None:
+    Node.objects.filter(pk=node.pk).update(package=package, served_name=model)
+    NodeEvent.objects.create(
+        node=node, kind=NodeEvent.Kind.SWITCHED, message=f"serves {package.key} as {model}"
+    )
+
+
+def _check(upgrade: Upgrade, s: dict[str, Any], node: Node) -> bool:
+    """``/health`` and a smoke chat on the node; records both gates. False (and the gate
+    failed, the upgrade rolling back) when one fails."""
+    probe = node_client.probe(node.address, node_id=node.node_id, timeout=5.0)
+    if not probe.ok:
+        _fail(upgrade, s, "health", f"{node.node_id}: /health {probe.status} {probe.error}".strip())
+        return False
+    _record_gate(
+        upgrade,
+        s["node_id"],
+        {"gate": "health", "passed": True, "detail": "/health 200", "values": {}},
+    )
+    with node_client.node_http(node.address, node_id=node.node_id, timeout=SMOKE_TIMEOUT_S) as http:
+        smoke = smoke_test(http)
+    if not smoke.passed:
+        _fail(upgrade, s, "smoke", f"{node.node_id}: {smoke.error}")
+        return False
+    steps = ", ".join(step["name"] for step in smoke.steps)
+    _record_gate(
+        upgrade,
+        s["node_id"],
+        {"gate": "smoke", "passed": True, "detail": f"passed: {steps}", "values": {}},
+    )
+    return True
+
+
+def _record_gate(upgrade: Upgrade, node_id: str, result: dict[str, Any]) -> None:
+    upgrade.gates = [
+        *upgrade.gates,
+        {"at": timezone.now().isoformat(), "node_id": node_id, **result},
+    ]
+    mark = "passed" if result["passed"] else "FAILED"
+    upgrade_event(upgrade, "gate", f"{result['gate']} {mark}: {result['detail']}", node_id)
+
+
+def _fail(upgrade: Upgrade, s: dict[str, Any], gate: str, detail: str) -> None:
+    _record_gate(
+        upgrade, s["node_id"], {"gate": gate, "passed": False, "detail": detail, "values": {}}
+    )
+    s["detail"] = detail
+    _roll_back(upgrade, f"{gate}: {detail}")
+
+
+def _roll_back(upgrade: Upgrade, why: str) -> None:
+    upgrade.state, upgrade.reason, upgrade.new_share = State.ROLLING_BACK, why, 0.0
+    upgrade.phase = "rolling back"
+    upgrade_event(upgrade, "rollback", f"rolling back: {why}")
+
+
+def _finish(upgrade: Upgrade, state: str, why: str) -> None:
+    upgrade.state, upgrade.finished_at, upgrade.phase = state, timezone.now(), ""
+    if state == State.SUCCEEDED:
+        upgrade.new_share = 1.0
+        upgrade.reason = why
+    upgrade_event(upgrade, state, why)
+
+
+# --- backward -------------------------------------------------------------------------------------
+
+
+def _backward(upgrade: Upgrade) -> None:
+    """Every node that left the old version goes back to it; the rest are released."""
+    for s in upgrade.nodes:
+        if s["state"] in ("reverted",):
+            continue
+        node = Node.objects.filter(node_id=s["node_id"]).first()
+        if node is None:
+            _move(upgrade, s, "reverted", "removed from the array")
+            continue
+        _revert(upgrade, s, node)
+    if all(s["state"] == "reverted" for s in upgrade.nodes):
+        _finish(upgrade, State.ROLLED_BACK, upgrade.reason or "rolled back")
+
+
+def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
+    old = upgrade.from_package
+    if s["state"] in ("waiting", "draining") and node.package_id == old.pk:
+        if s["state"] == "draining" and not s.get("was_draining"):
+            node_services.node_undrain(node_id=node.node_id)
+        _move(upgrade, s, "reverted", f"kept {old.key}")
+        return
+    phase = s.get("revert", "")
+    if s["state"] != "reverting":
+        if s["state"] == "switching":  # let the load under way end before asking again
+            state = (node_client.package_state(node.address, node_id=node.node_id) or {}).get(
+                "switch"
+            ) or {}
+            if (
+                state.get("state") in ("verifying", "loading")
+                and _since(s) < upgrade.settings["switch_timeout_s"]
+            ):
+                return
+        node_services.node_drain(node_id=node.node_id)
+        s["revert"] = "draining"
+        _move(upgrade, s, "reverting", f"drained to go back to {old.key}")
+        return
+    if phase == "draining":
+        if _drained(node, s, upgrade.settings["drain_timeout_s"]):
+            current = node_client.package_state(node.address, node_id=node.node_id) or {}
+            if current.get("sha256") != old.sha256:
+                try:
+                    node_client.package_switch(
+                        node.address,
+                        node_id=node.node_id,
+                        model_path=old.gguf_path,
+                        package=upgrade.model,
+                        sha256=old.sha256,
+                    )
+                except (node_client.SwitchRefused, httpx.HTTPError) as exc:
+                    s["detail"] = f"going back to {old.key} refused, retried: {exc}"
+                    return
+            s["revert"] = "switching"
+            s["since"] = timezone.now().isoformat()
+            upgrade_event(upgrade, "reverting", f"loading {old.key}", s["node_id"])
+    elif phase == "switching":
+        current = node_client.package_state(node.address, node_id=node.node_id)
+        if current and current.get("sha256") == old.sha256:
+            _served(node, old, upgrade.model)
+            s["revert"] = "checking"
+        elif ((current or {}).get("switch") or {}).get("state") == "failed":
+            s["revert"] = "draining"  # ask again: the old version served before, it loads
+    elif phase == "checking":
+        if node_client.probe(node.address, node_id=node.node_id, timeout=5.0).ok:
+            if not s.get("was_draining"):
+                node_services.node_undrain(node_id=node.node_id)
+            s.pop("revert", None)
+            _move(upgrade, s, "reverted", f"back on {old.key}")
+
+
+# --- traffic samples -------------------------------------------------------------------------------
+
+
+def sample(upgrade: Upgrade) -> UpgradeSample:
+    """Sessions active in the last minute and nodes up, per version, now."""
+    recent = timezone.now() - timedelta(seconds=60)
+    routes = SessionRoute.objects.filter(last_seen_at__gte=recent)
+    up = Node.objects.filter(state=Node.State.UP)
+    return UpgradeSample.objects.create(
+        upgrade=upgrade,
+        old_sessions=routes.filter(package_id=upgrade.from_package_id).count(),
+        new_sessions=routes.filter(package_id=upgrade.to_package_id).count(),
+        old_nodes=up.filter(package_id=upgrade.from_package_id).count(),
+        new_nodes=up.filter(package_id=upgrade.to_package_id).count(),
+        new_share=upgrade.new_share,
+    )

@@ -1,0 +1,156 @@
+"""Pure parts of a rolling upgrade: its settings, its batches, and the bake comparison.
+
+Nothing here touches the database or a node; ``inference.upgrades.driver`` does, one step per
+control-loop tick, and tests check these functions with plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULTS: dict[str, float] = {
+    "max_unavailable": 1,  # nodes switched at once (a batch)
+    "canary_share": 0.25,  # new sessions to the new version while the first batch bakes
+    "bake_s": 30.0,  # seconds each batch serves before the next starts
+    "drain_timeout_s": 120.0,  # longest wait for pinned sessions to leave a draining node
+    "switch_timeout_s": 300.0,  # longest wait for a node to load the new package
+    "max_error_rate_increase": 0.02,  # new error rate may exceed the old by this (absolute)
+    "max_ttft_ratio": 1.5,  # new TTFT P95 may be at most this times the old
+    "ttft_slack_s": 0.25,  # ... plus this (small P95s jitter by more than a ratio)
+    "min_requests": 3,  # fewer requests on either side: the bake cannot compare (passes)
+}
+LIMITS: dict[str, tuple[float, float]] = {
+    "max_unavailable": (1, 64),
+    "canary_share": (0.0, 1.0),
+    "bake_s": (0.0, 86_400.0),
+    "drain_timeout_s": (0.0, 86_400.0),
+    "switch_timeout_s": (10.0, 3_600.0),
+    "max_error_rate_increase": (0.0, 1.0),
+    "max_ttft_ratio": (1.0, 100.0),
+    "ttft_slack_s": (0.0, 60.0),
+    "min_requests": (0, 1_000_000),
+}
+INTEGERS = ("max_unavailable", "min_requests")
+
+
+class BadSettings(ValueError):
+    """A setting is unknown or out of range; ``field`` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def settings_with_defaults(given: dict[str, Any] | None) -> dict[str, float]:
+    """``DEFAULTS`` overridden by ``given``. Raises ``BadSettings`` for an unknown key, a
+    value that is not a number or one out of ``LIMITS``."""
+    out = dict(DEFAULTS)
+    for key, value in (given or {}).items():
+        if key not in DEFAULTS:
+            raise BadSettings(f"{key}: not a setting ({', '.join(DEFAULTS)})", key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BadSettings(f"{key}: a number", key)
+        low, high = LIMITS[key]
+        if not low <= value <= high:
+            raise BadSettings(f"{key}: between {low:g} and {high:g}", key)
+        if key in INTEGERS and value != int(value):
+            raise BadSettings(f"{key}: a whole number", key)
+        out[key] = int(value) if key in INTEGERS else float(value)
+    return out
+
+
+def batches(node_ids: list[str], max_unavailable: int) -> list[list[str]]:
+    """``node_ids`` (in the order to upgrade them) cut into batches of ``max_unavailable``."""
+    size = max(1, int(max_unavailable))
+    return [node_ids[i : i + size] for i in range(0, len(node_ids), size)]
+
+
+def upgrade_order(loads: dict[str, int]) -> list[str]:
+    """Node ids by sessions pinned, fewest first (they drain soonest), then by id: the
+    emptiest nodes go first, the way a surge onto spare nodes would."""
+    return sorted(loads, key=lambda node_id: (loads[node_id], node_id))
+
+
+@dataclass(frozen=True)
+class Side:
+    """One version's traffic over a bake: requests, failures, tool calls that did not parse
+    (deltas of the nodes' counters) and the worst TTFT P95 (s) among its nodes."""
+
+    requests: float = 0.0
+    failed: float = 0.0
+    tool_parse_failures: float = 0.0
+    ttft_p95: float | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.failed / self.requests if self.requests else 0.0
+
+    @property
+    def tool_failure_rate(self) -> float:
+        return self.tool_parse_failures / self.requests if self.requests else 0.0
+
+
+def bake_gates(old: Side, new: Side, settings: dict[str, float]) -> list[dict[str, Any]]:
+    """The bake's comparisons of ``new`` against ``old``: ``[{"gate", "passed", "detail",
+    "values"}]`` for the error rate, the tool-call parse failures and the TTFT P95. With
+    fewer than ``min_requests`` on a side the comparison cannot be made and passes, saying
+    so (the smoke test on each node has already passed)."""
+    floor = settings["min_requests"]
+    if new.requests < floor or old.requests < floor:
+        detail = (
+            f"too little traffic to compare ({new.requests:.0f} requests on the new version, "
+            f"{old.requests:.0f} on the old; at least {floor:.0f} each)"
+        )
+        return [{"gate": "bake", "passed": True, "detail": detail, "values": {}}]
+    limit = old.error_rate + settings["max_error_rate_increase"]
+    out = [
+        _gate(
+            "error_rate",
+            new.error_rate <= limit + 1e-12,
+            f"error rate {new.error_rate:.1%} (new) against {old.error_rate:.1%} (old), at most "
+            f"{limit:.1%}",
+            {"new": new.error_rate, "old": old.error_rate, "limit": limit},
+        ),
+        _gate(
+            "tool_parse",
+            new.tool_failure_rate <= old.tool_failure_rate + settings["max_error_rate_increase"],
+            f"tool calls that did not parse {new.tool_failure_rate:.1%} (new) against "
+            f"{old.tool_failure_rate:.1%} (old)",
+            {"new": new.tool_failure_rate, "old": old.tool_failure_rate},
+        ),
+    ]
+    if new.ttft_p95 is not None and old.ttft_p95 is not None:
+        ceiling = old.ttft_p95 * settings["max_ttft_ratio"] + settings["ttft_slack_s"]
+        out.append(
+            _gate(
+                "ttft_p95",
+                new.ttft_p95 <= ceiling,
+                f"TTFT P95 {new.ttft_p95:.2f} s (new) against {old.ttft_p95:.2f} s (old), at "
+                f"most {ceiling:.2f} s",
+                {"new": new.ttft_p95, "old": old.ttft_p95, "limit": ceiling},
+            )
+        )
+    return out
+
+
+def _gate(name: str, passed: bool, detail: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"gate": name, "passed": passed, "detail": detail, "values": values}
+
+
+def side_from(
+    before: dict[str, dict[str, float | None]], after: dict[str, dict[str, float | None]]
+) -> Side:
+    """A ``Side`` from nodes' load summaries at the bake's start (``before``) and now
+    (``after``), ``{node_id: {"requests", "failed", "tool_parse_failures", "ttft_p95"}}``.
+    A counter that went down (the node restarted or switched) counts from zero."""
+    totals = {"requests": 0.0, "failed": 0.0, "tool_parse_failures": 0.0}
+    p95s = []
+    for node_id, now in after.items():
+        start = before.get(node_id) or {}
+        for key in totals:
+            end, begin = now.get(key) or 0.0, start.get(key) or 0.0
+            totals[key] += end - begin if end >= begin else end
+        if now.get("ttft_p95") is not None:
+            p95s.append(float(now["ttft_p95"]))
+    return Side(**totals, ttft_p95=max(p95s) if p95s else None)

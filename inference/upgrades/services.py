@@ -1,0 +1,210 @@
+"""Starting and steering rolling upgrades (``inference.Upgrade``); the control loop drives them
+(``inference.upgrades.driver``). Every action is audited (``console.audit``).
+
+Errors (``console.errors``): ``Invalid`` (a field, 422), ``NotFound``, ``Conflict`` (a package
+that may not be deployed, an upgrade of the model already under way, an action the upgrade's
+state does not allow: 409).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from console.audit import audit_record, current_actor
+from console.errors import Conflict, Invalid, NotFound
+from inference.models import ModelPackage, SessionRoute, Upgrade, UpgradeEvent
+from inference.routing import Rollout
+from inference.upgrades import plan
+from nodes.models import Node
+
+State = Upgrade.State
+ACTIVE = (State.PENDING, State.RUNNING, State.PAUSED, State.ROLLING_BACK)
+
+
+def upgrade_get(upgrade_id: int) -> Upgrade:
+    upgrade = Upgrade.objects.select_related("from_package", "to_package").filter(pk=upgrade_id)
+    found = upgrade.first()
+    if found is None:
+        raise NotFound(f"No upgrade {upgrade_id}.", code="upgrade_not_found")
+    return found
+
+
+def upgrade_event(upgrade: Upgrade, kind: str, message: str, node_id: str = "") -> UpgradeEvent:
+    """One line of the upgrade's event log."""
+    return UpgradeEvent.objects.create(
+        upgrade=upgrade, kind=kind, message=message[:2000], node_id=node_id
+    )
+
+
+def nodes_serving(package: ModelPackage, model: str) -> list[Node]:
+    """The nodes that serve ``package`` to clients asking for ``model``."""
+    nodes = Node.objects.filter(package=package).select_related("package")
+    return [n for n in nodes if n.model_name == model]
+
+
+@transaction.atomic
+def upgrade_start(
+    *,
+    from_package_id: int,
+    to_package_id: int,
+    model: str | None = None,
+    settings: dict[str, Any] | None = None,
+) -> Upgrade:
+    """Plan an upgrade of the nodes serving ``from_package`` (as ``model``, the name clients
+    ask for; default: the name they serve now) to ``to_package``; the control loop starts it
+    at its next tick. Raises ``NotFound``; ``Conflict`` when ``to_package`` is not approved
+    (only approved versions are deployed), when it is the same version, when no node serves
+    ``from_package``, or when an upgrade of ``model`` is under way; ``Invalid`` for a bad
+    setting."""
+    from inference.packages.services import package_get
+
+    old, new = package_get(from_package_id), package_get(to_package_id)
+    if old.pk == new.pk:
+        raise Conflict(f"{old.key} is already what those nodes serve.", code="same_package")
+    if new.status != ModelPackage.Status.APPROVED:
+        raise Conflict(
+            f"{new.key} is {new.status}; only an approved version can be rolled out "
+            "(approve it, with an override reason if its gate has not passed).",
+            code="package_not_approved",
+            field="to_package_id",
+        )
+    if new.completion_only:
+        raise Conflict(
+            f"{new.key} is completion-only (no chat template); chat clients would lose the array.",
+            code="package_completion_only",
+            field="to_package_id",
+        )
+    try:
+        chosen = plan.settings_with_defaults(settings)
+    except plan.BadSettings as exc:
+        raise Invalid(f"settings.{exc}", field=f"settings.{exc.field}") from exc
+    served = Node.objects.filter(package=old).select_related("package")
+    model = (model or "").strip() or next((n.model_name for n in served), old.name)
+    nodes = nodes_serving(old, model)
+    if not nodes:
+        raise Conflict(f"No node serves {old.key} as {model!r}.", code="no_nodes")
+    if Upgrade.objects.select_for_update().filter(model=model, state__in=ACTIVE).exists():
+        raise Conflict(f"An upgrade of {model!r} is under way.", code="upgrade_exists")
+    pinned = _pinned_counts([n.pk for n in nodes])
+    order = plan.upgrade_order({n.node_id: pinned.get(n.pk, 0) for n in nodes})
+    drained = {n.node_id for n in nodes if n.state == Node.State.DRAINING}
+    steps = [
+        {
+            "node_id": node_id,
+            "batch": number,
+            "state": "waiting",
+            "since": timezone.now().isoformat(),
+            "detail": "",
+            "was_draining": node_id in drained,
+        }
+        for number, batch in enumerate(plan.batches(order, int(chosen["max_unavailable"])))
+        for node_id in batch
+    ]
+    upgrade = Upgrade.objects.create(
+        model=model,
+        from_package=old,
+        to_package=new,
+        settings=chosen,
+        nodes=steps,
+        created_by=current_actor()[:150],
+    )
+    upgrade_event(upgrade, "planned", _plan_sentence(upgrade))
+    audit_record(
+        action="upgrade.start",
+        target=f"upgrade {upgrade.pk}",
+        changes=[f"{model}: {old.key} \u2192 {new.key}"]
+        + [f"{k}: {v:g}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
+    )
+    return upgrade
+
+
+def _pinned_counts(node_pks: list[int]) -> dict[int, int]:
+    rows = (
+        SessionRoute.objects.filter(node_id__in=node_pks)
+        .values("node_id")
+        .annotate(count=Count("id", filter=Q(node__isnull=False)))
+    )
+    return {row["node_id"]: row["count"] for row in rows}
+
+
+def _plan_sentence(upgrade: Upgrade) -> str:
+    batches: dict[int, list[str]] = {}
+    for step in upgrade.nodes:
+        batches.setdefault(step["batch"], []).append(step["node_id"])
+    parts = "; ".join(f"batch {b + 1}: {', '.join(ids)}" for b, ids in sorted(batches.items()))
+    s = upgrade.settings
+    return (
+        f"{upgrade.model}: {upgrade.from_package.key} \u2192 {upgrade.to_package.key}; {parts}; "
+        f"canary {s['canary_share']:.0%} of new sessions, bake {s['bake_s']:g} s per batch"
+    )
+
+
+def _act(upgrade_id: int, action: str, allowed: tuple[str, ...]) -> Upgrade:
+    upgrade = Upgrade.objects.select_for_update().filter(pk=upgrade_id).first()
+    if upgrade is None:
+        raise NotFound(f"No upgrade {upgrade_id}.", code="upgrade_not_found")
+    if upgrade.state not in allowed:
+        raise Conflict(
+            f"Upgrade {upgrade_id} is {upgrade.state}; it cannot {action} now.",
+            code="upgrade_state",
+        )
+    return upgrade
+
+
+@transaction.atomic
+def upgrade_pause(*, upgrade_id: int) -> Upgrade:
+    """Hold the upgrade where it is (a node mid-switch finishes its step first). Raises
+    ``Conflict`` unless it is pending or running."""
+    upgrade = _act(upgrade_id, "pause", (State.PENDING, State.RUNNING))
+    upgrade.paused_from, upgrade.state = upgrade.state, State.PAUSED
+    upgrade.save(update_fields=["paused_from", "state"])
+    return _audited(upgrade, "pause", "paused by an operator")
+
+
+@transaction.atomic
+def upgrade_resume(*, upgrade_id: int) -> Upgrade:
+    """Go on from where it was paused. Raises ``Conflict`` unless paused."""
+    upgrade = _act(upgrade_id, "resume", (State.PAUSED,))
+    upgrade.state, upgrade.paused_from = upgrade.paused_from or State.RUNNING, ""
+    upgrade.save(update_fields=["paused_from", "state"])
+    return _audited(upgrade, "resume", "resumed by an operator")
+
+
+@transaction.atomic
+def upgrade_promote(*, upgrade_id: int) -> Upgrade:
+    """Skip the remaining bake times and canary: every new session goes to the new version and
+    the remaining batches follow one another as soon as their nodes pass their checks. Raises
+    ``Conflict`` unless pending, running or paused."""
+    upgrade = _act(upgrade_id, "be promoted", (State.PENDING, State.RUNNING, State.PAUSED))
+    upgrade.promote = True
+    upgrade.save(update_fields=["promote"])
+    return _audited(upgrade, "promote", "promoted by an operator: no more bake time")
+
+
+@transaction.atomic
+def upgrade_abort(*, upgrade_id: int, reason: str = "") -> Upgrade:
+    """Roll back now: nodes already on the new version go back to the old one, drained first.
+    Raises ``Conflict`` once the upgrade has finished or is rolling back."""
+    upgrade = _act(upgrade_id, "abort", (State.PENDING, State.RUNNING, State.PAUSED))
+    why = f"aborted by an operator{': ' + reason.strip() if reason.strip() else ''}"
+    upgrade.state, upgrade.reason, upgrade.new_share = State.ROLLING_BACK, why, 0.0
+    upgrade.save(update_fields=["state", "reason", "new_share"])
+    return _audited(upgrade, "abort", why)
+
+
+def _audited(upgrade: Upgrade, action: str, message: str) -> Upgrade:
+    upgrade_event(upgrade, action, message)
+    audit_record(action=f"upgrade.{action}", target=f"upgrade {upgrade.pk}", changes=[message])
+    return upgrade
+
+
+def active_rollouts() -> dict[str, Rollout]:
+    """``{model: Rollout}`` of the upgrades under way, for routing new sessions."""
+    rows = Upgrade.objects.filter(
+        state__in=(State.RUNNING, State.PAUSED, State.ROLLING_BACK)
+    ).values_list("model", "from_package_id", "to_package_id", "new_share")
+    return {model: Rollout(old, new, share) for model, old, new, share in rows}

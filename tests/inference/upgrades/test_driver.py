@@ -1,0 +1,223 @@
+"""The upgrade state machine against nodes simulated at the client seam (``nodes.client``):
+a plan that succeeds batch by batch, a smoke test that fails and rolls every node back, a
+node that cannot load, a restart in the middle, the operator's actions. The real nodes and
+model are in bench/upgrade.py and tests/nodes/agent/test_switch.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from django.utils import timezone
+
+from console.errors import Conflict, Invalid
+from inference.models import ModelPackage, Upgrade
+from inference.packages.evaluation.smoke import SmokeResult
+from inference.upgrades import driver, services
+from nodes.client import ProbeResult
+from nodes.models import Node, NodeEvent
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass
+class FakeNodes:
+    """What each node serves (sha256) and its last switch; loads end at the next look."""
+
+    serving: dict[str, str] = field(default_factory=dict)
+    switches: dict[str, dict] = field(default_factory=dict)
+    cannot_load: set[str] = field(default_factory=set)  # sha256s that fail to load
+    broken: set[str] = field(default_factory=set)  # sha256s whose smoke test fails
+    asked: list[tuple[str, str]] = field(default_factory=list)
+
+    def package_switch(self, address, *, node_id, model_path, package, sha256, settings=None):
+        self.asked.append((node_id, sha256))
+        self.switches[node_id] = {"sha256": sha256, "state": "loading", "error": ""}
+        return {}
+
+    def package_state(self, address, *, node_id, timeout=5.0):
+        switch = self.switches.get(node_id)
+        if switch and switch["state"] == "loading":
+            if switch["sha256"] in self.cannot_load:
+                switch.update(state="failed", error="llama.cpp: bad magic")
+            else:
+                switch["state"] = "done"
+                self.serving[node_id] = switch["sha256"]
+        return {"sha256": self.serving[node_id], "switch": switch}
+
+    def probe(self, address, *, node_id, timeout):
+        return ProbeResult(True, "ok")
+
+
+@pytest.fixture
+def packages(db):
+    old = ModelPackage.objects.create(
+        name="smol-q4_1", version="1", gguf_path="/x/old", sha256="a" * 64, status="approved"
+    )
+    new = ModelPackage.objects.create(
+        name="smol-q4_k_m", version="1", gguf_path="/x/new", sha256="b" * 64, status="approved"
+    )
+    return old, new
+
+
+@pytest.fixture
+def fleet(packages, monkeypatch):
+    old, _ = packages
+    fake = FakeNodes()
+    for i in (1, 2, 3):
+        Node.objects.create(
+            node_id=f"n{i}", address=f"127.0.0.1:{9400 + i}", package=old, state="up"
+        )
+        fake.serving[f"n{i}"] = old.sha256
+    for name in ("package_switch", "package_state", "probe"):
+        monkeypatch.setattr(driver.node_client, name, getattr(fake, name))
+
+    class Http:
+        def __init__(self, node_id):
+            self.node_id = node_id
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(
+        driver.node_client, "node_http", lambda address, node_id, timeout: Http(node_id)
+    )
+
+    def smoke(http):
+        if fake.serving[http.node_id] in fake.broken:
+            return SmokeResult(False, "tool_call: HTTP 400 template_error: boom", [])
+        return SmokeResult(True, "", [{"name": "tool_call", "ok": True, "detail": ""}])
+
+    monkeypatch.setattr(driver, "smoke_test", smoke)
+    return fake
+
+
+def scrape():
+    """As the health loop would: every node answered, idle, just now."""
+    for node in Node.objects.all():
+        if node.state == "unknown":
+            node.state = "up"
+        node.last_probe_at = timezone.now()
+        node.last_seen_load = {"active": 0, "queue": 0, "requests": 0}
+        node.save()
+
+
+def run_to_end(upgrade: Upgrade, limit: int = 200) -> Upgrade:
+    for _ in range(limit):
+        scrape()
+        driver.upgrades_tick()
+        upgrade = Upgrade.objects.get(pk=upgrade.pk)
+        if upgrade.finished:
+            scrape()  # the undrained nodes are seen up
+            return upgrade
+    raise AssertionError(f"not finished: {Upgrade.objects.get(pk=upgrade.pk).nodes}")
+
+
+def test_an_upgrade_rolls_batch_by_batch_to_the_new_version(fleet, packages):
+    old, new = packages
+    upgrade = services.upgrade_start(
+        from_package_id=old.pk, to_package_id=new.pk, settings={"max_unavailable": 2, "bake_s": 0}
+    )
+    assert [(s["node_id"], s["batch"]) for s in upgrade.nodes] == [("n1", 0), ("n2", 0), ("n3", 1)]
+    done = run_to_end(upgrade)
+    assert done.state == "succeeded" and done.new_share == 1.0
+    for node in Node.objects.all():
+        assert node.package == new and node.served_name == "smol-q4_1" and node.state == "up"
+    assert [a[1] for a in fleet.asked] == [new.sha256] * 3
+    gates = [(g["node_id"], g["gate"], g["passed"]) for g in done.gates]
+    assert ("n1", "smoke", True) in gates and ("n3", "health", True) in gates
+    assert [g["gate"] for g in done.gates if not g["node_id"]] == ["bake", "bake"]
+    kinds = list(done.events.values_list("kind", flat=True))
+    assert kinds[:3] == ["planned", "started", "draining"] and kinds[-1] == "succeeded"
+    assert "canary" in kinds and NodeEvent.objects.filter(kind="switched").count() == 3
+    driver.upgrades_tick()  # a finished upgrade is no longer sampled
+    samples = list(done.samples.values_list("new_share", flat=True))
+    assert samples and samples[-1] == 1.0
+
+
+def test_a_failed_smoke_test_rolls_every_node_back(fleet, packages):
+    old, new = packages
+    fleet.broken.add(new.sha256)
+    upgrade = services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)
+    done = run_to_end(upgrade)
+    assert done.state == "rolled_back" and done.new_share == 0.0
+    assert done.reason == "smoke: n1: tool_call: HTTP 400 template_error: boom"
+    assert all(s["state"] == "reverted" for s in done.nodes)
+    assert set(fleet.serving.values()) == {old.sha256}
+    assert all(n.package == old and n.state == "up" for n in Node.objects.all())
+    assert fleet.asked == [("n1", new.sha256), ("n1", old.sha256)]  # n2, n3 never left
+
+
+def test_a_node_that_cannot_load_the_new_version_keeps_the_old_one(fleet, packages):
+    old, new = packages
+    fleet.cannot_load.add(new.sha256)
+    done = run_to_end(services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk))
+    assert done.state == "rolled_back"
+    assert done.reason == "switch: n1 could not load smol-q4_k_m:1: llama.cpp: bad magic"
+    assert all(n.package == old and n.state == "up" for n in Node.objects.all())
+
+
+def test_it_resumes_after_a_restart_without_asking_a_node_twice(fleet, packages):
+    old, new = packages
+    upgrade = services.upgrade_start(
+        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 0}
+    )
+    for _ in range(3):  # started, draining, switching: the node was asked once
+        scrape()
+        driver.step(upgrade.pk)
+    assert fleet.asked == [("n1", new.sha256)]
+    row = Upgrade.objects.get(pk=upgrade.pk)
+    row.nodes[0]["state"] = "draining"  # as if the loop died between asking and saving
+    row.save()
+    fleet.switches["n1"]["state"] = "loading"
+    scrape()
+    driver.step(upgrade.pk)
+    assert fleet.asked == [("n1", new.sha256)]
+    assert run_to_end(upgrade).state == "succeeded"
+
+
+def test_pause_promote_and_abort(fleet, packages):
+    old, new = packages
+    upgrade = services.upgrade_start(
+        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 3600}
+    )
+    services.upgrade_pause(upgrade_id=upgrade.pk)
+    scrape()
+    assert driver.step(upgrade.pk).state == "paused"
+    with pytest.raises(Conflict, match="is paused; it cannot pause now"):
+        services.upgrade_pause(upgrade_id=upgrade.pk)
+    services.upgrade_resume(upgrade_id=upgrade.pk)
+    for _ in range(8):
+        scrape()
+        driver.step(upgrade.pk)
+    row = Upgrade.objects.get(pk=upgrade.pk)
+    assert row.phase == "baking batch 1" and row.state == "running"  # an hour of bake ahead
+    services.upgrade_abort(upgrade_id=upgrade.pk, reason="drill")
+    done = run_to_end(upgrade)
+    assert done.state == "rolled_back" and done.reason == "aborted by an operator: drill"
+    assert all(n.package == old for n in Node.objects.all())
+    promoted = services.upgrade_start(
+        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 3600}
+    )
+    services.upgrade_promote(upgrade_id=promoted.pk)
+    assert run_to_end(promoted).state == "succeeded"
+
+
+def test_only_an_approved_version_can_be_rolled_out(fleet, packages):
+    old, new = packages
+    ModelPackage.objects.filter(pk=new.pk).update(status="rejected")
+    with pytest.raises(Conflict, match="smol-q4_k_m:1 is rejected; only an approved version"):
+        services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)
+    ModelPackage.objects.filter(pk=new.pk).update(status="approved")
+    with pytest.raises(Conflict, match="already what those nodes serve"):
+        services.upgrade_start(from_package_id=old.pk, to_package_id=old.pk)
+    with pytest.raises(Invalid, match="settings.canary_share: between 0 and 1"):
+        services.upgrade_start(
+            from_package_id=old.pk, to_package_id=new.pk, settings={"canary_share": 2}
+        )
+    services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)
+    with pytest.raises(Conflict, match="An upgrade of 'smol-q4_1' is under way"):
+        services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)

@@ -1,0 +1,80 @@
+"""The pure parts of a rolling upgrade: settings, batches, the bake comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.upgrades import plan
+
+
+def test_settings_take_defaults_and_refuse_what_is_wrong():
+    chosen = plan.settings_with_defaults({"max_unavailable": 2, "bake_s": 5})
+    assert chosen["max_unavailable"] == 2 and chosen["bake_s"] == 5.0
+    assert chosen["canary_share"] == plan.DEFAULTS["canary_share"]
+    with pytest.raises(plan.BadSettings, match="^bake_secs: not a setting") as bad:
+        plan.settings_with_defaults({"bake_secs": 5})
+    assert bad.value.field == "bake_secs"
+    with pytest.raises(plan.BadSettings, match="canary_share: between 0 and 1"):
+        plan.settings_with_defaults({"canary_share": 1.5})
+    with pytest.raises(plan.BadSettings, match="max_unavailable: a whole number"):
+        plan.settings_with_defaults({"max_unavailable": 1.5})
+    with pytest.raises(plan.BadSettings, match="bake_s: a number"):
+        plan.settings_with_defaults({"bake_s": "5"})
+    with pytest.raises(plan.BadSettings, match="bake_s: a number"):
+        plan.settings_with_defaults({"bake_s": True})
+
+
+def test_nodes_go_emptiest_first_in_batches():
+    order = plan.upgrade_order({"n3": 0, "n1": 4, "n2": 0})
+    assert order == ["n2", "n3", "n1"]
+    assert plan.batches(order, 2) == [["n2", "n3"], ["n1"]]
+    assert plan.batches(order, 0) == [["n2"], ["n3"], ["n1"]]
+
+
+def test_the_side_counts_deltas_and_a_restart_from_zero():
+    before = {"a": {"requests": 10, "failed": 1, "tool_parse_failures": 0}}
+    after = {
+        "a": {"requests": 15, "failed": 2, "tool_parse_failures": 1, "ttft_p95": 0.4},
+        "b": {"requests": 3, "failed": 0, "tool_parse_failures": 0, "ttft_p95": 0.9},
+    }
+    side = plan.side_from(before, after)
+    assert (side.requests, side.failed, side.tool_parse_failures) == (8, 1, 1)
+    assert side.ttft_p95 == 0.9 and side.error_rate == 1 / 8
+    restarted = plan.side_from({"a": {"requests": 50}}, {"a": {"requests": 4}})
+    assert restarted.requests == 4
+
+
+SETTINGS = plan.settings_with_defaults({})
+
+
+def test_the_bake_passes_a_version_as_good_as_the_old():
+    old = plan.Side(requests=100, failed=1, ttft_p95=0.5)
+    new = plan.Side(requests=40, failed=1, ttft_p95=0.6)
+    gates = plan.bake_gates(old, new, SETTINGS)
+    assert [g["gate"] for g in gates] == ["error_rate", "tool_parse", "ttft_p95"]
+    assert all(g["passed"] for g in gates)
+    assert gates[2]["detail"] == "TTFT P95 0.60 s (new) against 0.50 s (old), at most 1.00 s"
+
+
+def test_the_bake_fails_more_errors_broken_tool_calls_or_slower_first_tokens():
+    old = plan.Side(requests=100, failed=1, ttft_p95=0.5)
+    errors = plan.bake_gates(old, plan.Side(requests=20, failed=2, ttft_p95=0.5), SETTINGS)
+    assert not errors[0]["passed"]
+    assert errors[0]["detail"] == "error rate 10.0% (new) against 1.0% (old), at most 3.0%"
+    tools = plan.bake_gates(old, plan.Side(requests=20, tool_parse_failures=5), SETTINGS)
+    assert [g["passed"] for g in tools] == [True, False]
+    slow = plan.bake_gates(old, plan.Side(requests=20, ttft_p95=1.01), SETTINGS)
+    assert [g["passed"] for g in slow] == [True, True, False]
+
+
+def test_too_little_traffic_passes_and_says_so():
+    gates = plan.bake_gates(plan.Side(requests=50), plan.Side(requests=2, failed=2), SETTINGS)
+    assert gates == [
+        {
+            "gate": "bake",
+            "passed": True,
+            "detail": "too little traffic to compare (2 requests on the new version, 50 on the "
+            "old; at least 3 each)",
+            "values": {},
+        }
+    ]
