@@ -204,3 +204,47 @@ class ConfigForm(forms.Form):
         if not (data.get("text") or "").strip():
             raise forms.ValidationError("Upload a file or paste its text.")
         return data
+
+
+class UpgradeForm(forms.Form):
+    """Start a rolling upgrade (``inference.upgrades.services.upgrade_start``)."""
+
+    from_package = forms.ModelChoiceField(
+        queryset=None, label="From (served now)", help_text="The version the nodes serve."
+    )
+    to_package = forms.ModelChoiceField(
+        queryset=None, label="To (approved)", help_text="Only approved versions are rolled out."
+    )
+    model = forms.CharField(
+        max_length=128, required=False, help_text="The name clients ask for (blank: as now)."
+    )
+    max_unavailable = forms.IntegerField(min_value=1, max_value=64, initial=1)
+    canary_share = forms.FloatField(
+        min_value=0.0, max_value=1.0, initial=0.25, help_text="New sessions to the new version."
+    )
+    bake_s = forms.FloatField(min_value=0.0, initial=30.0, label="Bake (s)")
+    drain_timeout_s = forms.FloatField(min_value=0.0, initial=120.0, label="Drain timeout (s)")
+
+    def __init__(self, *args, **kwargs) -> None:
+        from inference.models import ModelPackage
+
+        super().__init__(*args, **kwargs)
+        served = ModelPackage.objects.filter(nodes__isnull=False).distinct()
+        self.fields["from_package"].queryset = served
+        self.fields["to_package"].queryset = ModelPackage.objects.filter(
+            status=ModelPackage.Status.APPROVED
+        )
+
+    def changes(self) -> dict:
+        data = self.cleaned_data
+        settings = {
+            k: data[k]
+            for k in ("max_unavailable", "canary_share", "bake_s", "drain_timeout_s")
+            if data.get(k) is not None
+        }
+        return {
+            "from_package_id": data["from_package"].pk,
+            "to_package_id": data["to_package"].pk,
+            "model": data.get("model") or None,
+            "settings": settings,
+        }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
-from console import views
+from console import upgrade_pages, views
 
 app_name = "console"
 
@@ -28,6 +28,13 @@ urlpatterns = [
     path("packages/", views.packages, name="packages"),
     path("packages/<int:package_id>/", views.package, name="package"),
     path("packages/<int:package_id>/<slug:action>/", views.package_action, name="package_action"),
+    path("upgrades/", upgrade_pages.upgrades, name="upgrades"),
+    path("upgrades/<int:upgrade_id>/", upgrade_pages.upgrade, name="upgrade"),
+    path(
+        "upgrades/<int:upgrade_id>/<slug:action>/",
+        upgrade_pages.upgrade_action,
+        name="upgrade_action",
+    ),
     path("routing/", views.routing, name="routing"),
     path("routing/table/", views.routing_table, name="routing_table"),
     re_path(r"^sessions/(?P<session_id>[^/]+)/$", views.session, name="session"),

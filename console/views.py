@@ -52,6 +52,7 @@ NAV = [
     ("overview", "Overview"),
     ("nodes", "Nodes"),
     ("packages", "Packages"),
+    ("upgrades", "Upgrades"),
     ("routing", "Routing"),
     ("utilization", "Utilization"),
     ("playground", "Playground"),

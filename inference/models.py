@@ -518,6 +518,12 @@ class Upgrade(models.Model):
     phase = models.CharField(max_length=32, blank=True, default="")
     paused_from = models.CharField(max_length=16, blank=True, default="")
     settings = models.JSONField(default=dict, blank=True)
+    node_settings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Engine settings the nodes take with the switch: threads, sequences, "
+        "ctx_per_seq, host_ram_mib (nodes/agent/switch.py).",
+    )
     nodes = models.JSONField(default=list, blank=True)
     gates = models.JSONField(default=list, blank=True)
     bake = models.JSONField(default=dict, blank=True)

@@ -276,9 +276,11 @@ def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str
     a node already serving or loading it is not asked twice."""
     current = node_client.package_state(node.address, node_id=node.node_id)
     switch = (current or {}).get("switch") or {}
-    already = (current or {}).get("sha256") == package.sha256 or (
+    already = _serves(current, package, upgrade.node_settings) or (
         switch.get("sha256") == package.sha256 and switch.get("state") in ("verifying", "loading")
     )
+    if current and "settings_before" not in s:
+        s["settings_before"] = current.get("settings") or {}  # what a rollback restores
     if not already:
         try:
             node_client.package_switch(
@@ -287,6 +289,7 @@ def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str
                 model_path=package.gguf_path,
                 package=upgrade.model,
                 sha256=package.sha256,
+                settings=upgrade.node_settings or None,
             )
         except (node_client.SwitchRefused, httpx.HTTPError) as exc:
             _fail(upgrade, s, "switch", f"{node.node_id} refused {package.key}: {exc}")
@@ -302,8 +305,8 @@ def _await_switch(
     ``switch`` gate."""
     current = node_client.package_state(node.address, node_id=node.node_id)
     switch = (current or {}).get("switch") or {}
-    if current and current.get("sha256") == package.sha256:
-        _served(node, package, upgrade.model)
+    if _serves(current, package, upgrade.node_settings) and switch.get("state") != "loading":
+        _served(node, package, upgrade.model, upgrade.node_settings)
         _move(upgrade, s, next_state, f"serves {package.key}")
         return True
     if switch.get("sha256") == package.sha256 and switch.get("state") == "failed":
@@ -319,8 +322,19 @@ def _await_switch(
     return False
 
 
-def _served(node: Node, package, model: str) -> None:
-    Node.objects.filter(pk=node.pk).update(package=package, served_name=model)
+def _serves(current: dict[str, Any] | None, package, settings: dict[str, int]) -> bool:
+    """The node's ``GET /package`` says it serves ``package`` with ``settings``."""
+    if not current or current.get("sha256") != package.sha256:
+        return False
+    have = current.get("settings") or {}
+    return all(have.get(k) == v for k, v in settings.items())
+
+
+def _served(node: Node, package, model: str, settings: dict[str, int] | None = None) -> None:
+    changes: dict[str, Any] = {"package": package, "served_name": model}
+    if settings and "threads" in settings:
+        changes["threads"] = settings["threads"]
+    Node.objects.filter(pk=node.pk).update(**changes)
     NodeEvent.objects.create(
         node=node, kind=NodeEvent.Kind.SWITCHED, message=f"serves {package.key} as {model}"
     )
@@ -425,7 +439,8 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
     if phase == "draining":
         if _drained(node, s, upgrade.settings["drain_timeout_s"]):
             current = node_client.package_state(node.address, node_id=node.node_id) or {}
-            if current.get("sha256") != old.sha256:
+            before = s.get("settings_before") or {}
+            if not _serves(current, old, before):
                 try:
                     node_client.package_switch(
                         node.address,
@@ -433,6 +448,7 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
                         model_path=old.gguf_path,
                         package=upgrade.model,
                         sha256=old.sha256,
+                        settings=before or None,
                     )
                 except (node_client.SwitchRefused, httpx.HTTPError) as exc:
                     s["detail"] = f"going back to {old.key} refused, retried: {exc}"
@@ -442,8 +458,10 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
             upgrade_event(upgrade, "reverting", f"loading {old.key}", s["node_id"])
     elif phase == "switching":
         current = node_client.package_state(node.address, node_id=node.node_id)
-        if current and current.get("sha256") == old.sha256:
-            _served(node, old, upgrade.model)
+        switch = (current or {}).get("switch") or {}
+        before = s.get("settings_before") or {}
+        if _serves(current, old, before) and switch.get("state") != "loading":
+            _served(node, old, upgrade.model, before)
             s["revert"] = "checking"
         elif ((current or {}).get("switch") or {}).get("state") == "failed":
             s["revert"] = "draining"  # ask again: the old version served before, it loads

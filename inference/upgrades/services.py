@@ -53,18 +53,26 @@ def upgrade_start(
     to_package_id: int,
     model: str | None = None,
     settings: dict[str, Any] | None = None,
+    node_settings: dict[str, int] | None = None,
 ) -> Upgrade:
     """Plan an upgrade of the nodes serving ``from_package`` (as ``model``, the name clients
     ask for; default: the name they serve now) to ``to_package``; the control loop starts it
-    at its next tick. Raises ``NotFound``; ``Conflict`` when ``to_package`` is not approved
-    (only approved versions are deployed), when it is the same version, when no node serves
+    at its next tick. ``node_settings`` (threads, sequences, ctx_per_seq, host_ram_mib) roll
+    with it; with them, ``to_package`` may be ``from_package`` (a settings-only roll). Raises
+    ``NotFound``; ``Conflict`` when ``to_package`` is not approved (only approved versions are
+    deployed), when it is the same version and no setting changes, when no node serves
     ``from_package``, or when an upgrade of ``model`` is under way; ``Invalid`` for a bad
     setting."""
     from inference.packages.services import package_get
 
     old, new = package_get(from_package_id), package_get(to_package_id)
-    if old.pk == new.pk:
-        raise Conflict(f"{old.key} is already what those nodes serve.", code="same_package")
+    node_settings = _checked_node_settings(node_settings)
+    if old.pk == new.pk and not node_settings:
+        raise Conflict(
+            f"{old.key} is already what those nodes serve (give node_settings to roll new "
+            "settings).",
+            code="same_package",
+        )
     if new.status != ModelPackage.Status.APPROVED:
         raise Conflict(
             f"{new.key} is {new.status}; only an approved version can be rolled out "
@@ -109,6 +117,7 @@ def upgrade_start(
         from_package=old,
         to_package=new,
         settings=chosen,
+        node_settings=node_settings,
         nodes=steps,
         created_by=current_actor()[:150],
     )
@@ -120,6 +129,24 @@ def upgrade_start(
         + [f"{k}: {v:g}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
     )
     return upgrade
+
+
+def _checked_node_settings(given: dict[str, Any] | None) -> dict[str, int]:
+    from nodes.agent.switch import SETTINGS
+
+    out = {}
+    for key, value in (given or {}).items():
+        if key not in SETTINGS:
+            raise Invalid(
+                f"node_settings.{key}: not a setting ({', '.join(SETTINGS)})",
+                field=f"node_settings.{key}",
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise Invalid(
+                f"node_settings.{key}: a whole number, at least 1", field=f"node_settings.{key}"
+            )
+        out[key] = value
+    return out
 
 
 def _pinned_counts(node_pks: list[int]) -> dict[int, int]:
@@ -137,9 +164,11 @@ def _plan_sentence(upgrade: Upgrade) -> str:
         batches.setdefault(step["batch"], []).append(step["node_id"])
     parts = "; ".join(f"batch {b + 1}: {', '.join(ids)}" for b, ids in sorted(batches.items()))
     s = upgrade.settings
+    settings = "".join(f", {k} {v}" for k, v in upgrade.node_settings.items())
     return (
-        f"{upgrade.model}: {upgrade.from_package.key} \u2192 {upgrade.to_package.key}; {parts}; "
-        f"canary {s['canary_share']:.0%} of new sessions, bake {s['bake_s']:g} s per batch"
+        f"{upgrade.model}: {upgrade.from_package.key} \u2192 {upgrade.to_package.key}"
+        f"{settings}; {parts}; canary {s['canary_share']:.0%} of new sessions, bake "
+        f"{s['bake_s']:g} s per batch"
     )
 
 

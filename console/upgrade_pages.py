@@ -1,0 +1,114 @@
+"""The Upgrades pages: history and a start form (``/upgrades/``), one upgrade with its node
+timeline, traffic split, gates and event log (``/upgrades/<id>/``, kept live by
+``static/console/upgrades.js`` from ``/api/upgrades/<id>``), and the operator's actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from console import access
+from console.access import role_required
+from console.errors import ConsoleError
+from console.forms import UpgradeForm
+from console.models import Role
+from console.views import _form_error, _render
+from inference.api_upgrades import upgrade_out
+from inference.models import Upgrade
+from inference.upgrades import services
+
+STATE_COLOURS = {
+    "pending": "grey",
+    "running": "blue",
+    "paused": "orange",
+    "rolling_back": "orange",
+    "succeeded": "green",
+    "rolled_back": "red",
+    "failed": "red",
+}
+ACTIONS = {
+    "pause": lambda pk: services.upgrade_pause(upgrade_id=pk),
+    "resume": lambda pk: services.upgrade_resume(upgrade_id=pk),
+    "promote": lambda pk: services.upgrade_promote(upgrade_id=pk),
+    "abort": lambda pk: services.upgrade_abort(upgrade_id=pk, reason="from the Upgrades page"),
+}
+
+
+@role_required(Role.VIEWER)
+def upgrades(request: HttpRequest) -> HttpResponse:
+    """History of upgrades, newest first, and (operators) the form that starts one."""
+    form = UpgradeForm(request.POST or None, prefix="upgrade")
+    status = 200
+    if request.method == "POST":
+        access.require(request.principal, Role.OPERATOR)  # type: ignore[attr-defined]
+        status = 400
+        if form.is_valid():
+            try:
+                upgrade = services.upgrade_start(**form.changes())
+            except ConsoleError as exc:
+                _form_error(request, form, exc)
+                status = exc.status
+            else:
+                messages.success(
+                    request, f"Upgrade {upgrade.pk} planned; the control loop runs it."
+                )
+                return redirect("console:upgrade", upgrade_id=upgrade.pk)
+    rows = Upgrade.objects.select_related("from_package", "to_package")[:100]
+    return _render(
+        request,
+        "console/upgrades.html",
+        {"page": "upgrades", "upgrades": rows, "form": form, "colours": STATE_COLOURS},
+        status=status,
+    )
+
+
+@role_required(Role.VIEWER)
+def upgrade(request: HttpRequest, upgrade_id: int) -> HttpResponse:
+    """One upgrade: plan and node timeline, traffic split (plotly), gates, event log."""
+    try:
+        row = services.upgrade_get(upgrade_id)
+    except ConsoleError as exc:
+        raise Http404(exc.message) from exc
+    return _render(
+        request,
+        "console/upgrade.html",
+        {"page": "upgrades", **upgrade_detail(row), "colours": STATE_COLOURS},
+    )
+
+
+def upgrade_detail(row: Upgrade) -> dict[str, Any]:
+    """What the page shows: the upgrade as the API gives it, its events and samples."""
+    return {
+        "upgrade": row,
+        "data": upgrade_out(row),
+        "events": list(row.events.values("at", "node_id", "kind", "message")),
+        "samples": [
+            {
+                "at": s.at.isoformat(),
+                "old_sessions": s.old_sessions,
+                "new_sessions": s.new_sessions,
+                "new_share": s.new_share,
+            }
+            for s in row.samples.all()
+        ],
+    }
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def upgrade_action(request: HttpRequest, upgrade_id: int, action: str) -> HttpResponse:
+    """``POST /upgrades/<id>/<pause|resume|promote|abort>/``."""
+    act = ACTIONS.get(action)
+    if act is None:
+        messages.error(request, f"No action {action!r}.")
+    else:
+        try:
+            act(upgrade_id)
+            messages.success(request, f"Upgrade {upgrade_id}: {action} done.")
+        except ConsoleError as exc:
+            messages.error(request, exc.message)
+    return redirect("console:upgrade", upgrade_id=upgrade_id)

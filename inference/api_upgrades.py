@@ -1,0 +1,188 @@
+"""Admin API for rolling upgrades (``/api/upgrades``): viewers read them (plan, node timeline,
+gates, events, traffic samples); operators start, pause, resume, promote and abort them.
+The control loop does the work (``inference.upgrades.driver``); these answer at once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+
+from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
+from inference.models import Upgrade
+from inference.upgrades import services
+
+router = Router()
+
+
+class UpgradeIn(Schema):
+    from_package_id: int
+    to_package_id: int
+    model: str | None = Field(None, description="the name clients ask for (default: served now)")
+    settings: dict[str, float] = Field(
+        {},
+        description="max_unavailable, canary_share, bake_s, drain_timeout_s, switch_timeout_s, "
+        "max_error_rate_increase, max_ttft_ratio, ttft_slack_s, min_requests",
+    )
+    node_settings: dict[str, int] = Field(
+        {}, description="threads, sequences, ctx_per_seq, host_ram_mib: rolled with it"
+    )
+
+
+class AbortIn(Schema):
+    reason: str = ""
+
+
+class UpgradeOut(Schema):
+    id: int
+    model: str
+    from_package: str = Field(description="name:version")
+    to_package: str
+    from_package_id: int
+    to_package_id: int
+    state: str = Field(description="pending, running, paused, rolling_back, succeeded, ...")
+    phase: str
+    new_share: float = Field(description="share of new sessions sent to the new version")
+    settings: dict[str, Any]
+    node_settings: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    gates: list[dict[str, Any]]
+    reason: str
+    promote: bool
+    created_by: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class EventOut(Schema):
+    at: datetime
+    node_id: str
+    kind: str
+    message: str
+
+
+class SampleOut(Schema):
+    at: datetime
+    old_sessions: int
+    new_sessions: int
+    old_nodes: int
+    new_nodes: int
+    new_share: float
+
+
+def upgrade_out(upgrade: Upgrade) -> dict[str, Any]:
+    return {
+        "id": upgrade.pk,
+        "model": upgrade.model,
+        "from_package": upgrade.from_package.key,
+        "to_package": upgrade.to_package.key,
+        "from_package_id": upgrade.from_package_id,
+        "to_package_id": upgrade.to_package_id,
+        "state": upgrade.state,
+        "phase": upgrade.phase,
+        "new_share": upgrade.new_share,
+        "settings": upgrade.settings,
+        "node_settings": upgrade.node_settings,
+        "nodes": upgrade.nodes,
+        "gates": upgrade.gates,
+        "reason": upgrade.reason,
+        "promote": upgrade.promote,
+        "created_by": upgrade.created_by,
+        "created_at": upgrade.created_at,
+        "started_at": upgrade.started_at,
+        "finished_at": upgrade.finished_at,
+    }
+
+
+@router.get(
+    "/upgrades",
+    response=list[UpgradeOut],
+    tags=["upgrades"],
+    summary="Upgrades, newest first",
+    auth=NEEDS_VIEWER,
+)
+def upgrades_list(request: HttpRequest, limit: int = 50) -> list[dict]:
+    rows = Upgrade.objects.select_related("from_package", "to_package")[: max(1, min(limit, 500))]
+    return [upgrade_out(u) for u in rows]
+
+
+@router.post(
+    "/upgrades",
+    response={201: UpgradeOut},
+    tags=["upgrades"],
+    summary="Plan a rolling upgrade; the control loop runs it",
+    description="Only an approved to_package (409 otherwise); one upgrade per model at a time "
+    "(409); a bad setting is a 422 naming it.",
+    auth=NEEDS_OPERATOR,
+)
+def upgrades_start(request: HttpRequest, payload: UpgradeIn) -> tuple[int, dict]:
+    upgrade = services.upgrade_start(**payload.dict())
+    return 201, upgrade_out(services.upgrade_get(upgrade.pk))
+
+
+@router.get(
+    "/upgrades/{int:upgrade_id}",
+    response=UpgradeOut,
+    tags=["upgrades"],
+    summary="One upgrade: plan, node timeline, gates",
+    auth=NEEDS_VIEWER,
+)
+def upgrades_show(request: HttpRequest, upgrade_id: int) -> dict:
+    return upgrade_out(services.upgrade_get(upgrade_id))
+
+
+@router.get(
+    "/upgrades/{int:upgrade_id}/events",
+    response=list[EventOut],
+    tags=["upgrades"],
+    summary="The upgrade's event log, oldest first",
+    auth=NEEDS_VIEWER,
+)
+def upgrades_events(request: HttpRequest, upgrade_id: int) -> list:
+    return list(services.upgrade_get(upgrade_id).events.all()[:2000])
+
+
+@router.get(
+    "/upgrades/{int:upgrade_id}/samples",
+    response=list[SampleOut],
+    tags=["upgrades"],
+    summary="The traffic split over time (one sample per control-loop tick)",
+    auth=NEEDS_VIEWER,
+)
+def upgrades_samples(request: HttpRequest, upgrade_id: int) -> list:
+    return list(services.upgrade_get(upgrade_id).samples.all()[:5000])
+
+
+def _action(name: str, summary: str):
+    def view(request: HttpRequest, upgrade_id: int) -> dict:
+        getattr(services, f"upgrade_{name}")(upgrade_id=upgrade_id)
+        return upgrade_out(services.upgrade_get(upgrade_id))
+
+    view.__name__ = f"upgrades_{name}"
+    router.post(
+        f"/upgrades/{{int:upgrade_id}}/{name}",
+        response=UpgradeOut,
+        tags=["upgrades"],
+        summary=summary,
+        auth=NEEDS_OPERATOR,
+    )(view)
+
+
+_action("pause", "Hold the upgrade where it is")
+_action("resume", "Go on from where it was paused")
+_action("promote", "Skip the remaining bake times; all new sessions to the new version")
+
+
+@router.post(
+    "/upgrades/{int:upgrade_id}/abort",
+    response=UpgradeOut,
+    tags=["upgrades"],
+    summary="Roll back now",
+    auth=NEEDS_OPERATOR,
+)
+def upgrades_abort(request: HttpRequest, upgrade_id: int, payload: AbortIn) -> dict:
+    services.upgrade_abort(upgrade_id=upgrade_id, reason=payload.reason)
+    return upgrade_out(services.upgrade_get(upgrade_id))

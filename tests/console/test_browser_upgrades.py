@@ -1,0 +1,132 @@
+"""The Upgrades page in headless Chromium against a real control plane (daphne) on a fresh
+SQLite, with an upgrade written as the control loop leaves it mid-way (no loop runs here):
+the node timeline and the gates read as text, the traffic split is drawn, and the page follows
+the upgrade without a reload."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.console.conftest import BROWSER_PASSWORD as PASSWORD
+from tests.console.test_browser import CHROMIUM, shot
+from tests.support.processes import REPO, control_plane_at_home
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
+    ),
+]
+
+SETUP = (
+    """
+from datetime import timedelta
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from console.access import user_set_role
+from console.models import Role
+from inference.models import ModelPackage, Upgrade, UpgradeSample
+from inference.upgrades.services import upgrade_event
+users = get_user_model()
+users.objects.create_superuser("admin", password=PASSWORD)
+for role in (Role.OPERATOR, Role.VIEWER):
+    user_set_role(user=users.objects.create_user(role.value, password=PASSWORD), role=role)
+old = ModelPackage.objects.create(name="smol-q4_1", version="1", gguf_path="/x/a", sha256="a" * 64, status="approved")
+new = ModelPackage.objects.create(name="smol-q4_k_m", version="1", gguf_path="/x/b", sha256="b" * 64, status="approved")
+now = timezone.now().isoformat()
+upgrade = Upgrade.objects.create(
+    model="smol-q4_1", from_package=old, to_package=new, state="running", phase="baking batch 1",
+    new_share=0.25, settings={"max_unavailable": 1, "canary_share": 0.25, "bake_s": 30, "drain_timeout_s": 120},
+    nodes=[{"node_id": "node-01", "batch": 0, "state": "done", "since": now, "detail": "serves the new version and takes traffic"},
+           {"node_id": "node-02", "batch": 1, "state": "waiting", "since": now, "detail": ""}],
+    gates=[{"at": now, "node_id": "node-01", "gate": "smoke", "passed": True, "detail": "passed: tool_call, tool_result", "values": {}}],
+    started_at=timezone.now())
+upgrade_event(upgrade, "started", "the upgrade started")
+for i in range(6):
+    s = UpgradeSample.objects.create(upgrade=upgrade, old_sessions=6 - i, new_sessions=i, new_share=0.25)
+    UpgradeSample.objects.filter(pk=s.pk).update(at=timezone.now() - timedelta(seconds=10 * (6 - i)))
+"""
+).replace("PASSWORD", repr(PASSWORD))
+
+
+class Array:
+    def __init__(self, url: str, env: dict[str, str]) -> None:
+        self.url, self.env = url, env
+
+    def shell(self, code: str) -> None:
+        env = {**os.environ, **self.env, "DJANGO_SETTINGS_MODULE": "console.settings"}
+        env.pop("DATABASE_URL", None)
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def array(tmp_path_factory) -> Iterator[Array]:
+    daphne, _token, extra = control_plane_at_home(tmp_path_factory.mktemp("home"), setup=SETUP)
+    try:
+        yield Array(daphne.url, extra)
+    finally:
+        daphne.stop()
+
+
+DRAWN_LINES = "() => document.querySelectorAll('#traffic-chart .scatterlayer .trace').length"
+
+
+def test_the_upgrade_page_shows_the_timeline_gates_and_traffic_and_follows_it(page_as, array):
+    page = page_as("operator")
+    page.goto(f"{array.url}/upgrades/")
+    row = page.locator("#upgrade-history tbody tr")
+    for text in ("smol-q4_1:1", "smol-q4_k_m:1", "Running", "baking batch 1"):
+        playwright_sync.expect(row).to_contain_text(text)
+    page.click("#upgrade-history a")
+    nodes = page.locator("#upgrade-nodes")
+    playwright_sync.expect(nodes.get_by_role("row", name="node-01 1 done")).to_be_visible()
+    playwright_sync.expect(nodes.get_by_role("row").filter(has_text="node-02")).to_contain_text(
+        "waiting"
+    )
+    gate = page.locator("#upgrade-gates").get_by_role("row").filter(has_text="smoke")
+    playwright_sync.expect(gate.get_by_role("cell").nth(3)).to_have_text("✓ pass")
+    playwright_sync.expect(gate.get_by_role("cell").nth(4)).to_have_text(
+        "passed: tool_call, tool_result"
+    )
+    playwright_sync.expect(page.locator("#upgrade-share")).to_have_text("25%")
+    page.wait_for_function(f"({DRAWN_LINES})() >= 3")
+    page.evaluate("window.notReloaded = true")
+    array.shell(
+        "from inference.models import Upgrade\n"
+        "u = Upgrade.objects.get()\n"
+        "u.nodes[1]['state'] = 'draining'\n"
+        "u.nodes[1]['detail'] = 'drained: no new sessions'\n"
+        "u.state = 'rolling_back'\n"
+        "u.reason = 'bake of batch 1: error rate 10.0% (new) against 1.0% (old), at most 3.0%'\n"
+        "u.save()\n"
+    )
+    playwright_sync.expect(nodes.get_by_role("row").filter(has_text="node-02")).to_contain_text(
+        "draining", timeout=15_000
+    )
+    playwright_sync.expect(page.locator("#upgrade-state")).to_have_text("rolling back")
+    playwright_sync.expect(page.locator("#upgrade-reason")).to_contain_text("error rate 10.0%")
+    assert page.evaluate("window.notReloaded") is True
+    shot(page, "upgrade")
+
+
+def test_a_viewer_sees_no_actions_and_cannot_start_one(page_as, array):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/upgrades/")
+    assert page.locator("#upgrade-form").count() == 0
+    page.click("#upgrade-history a")
+    assert page.locator("#upgrade-actions").count() == 0
