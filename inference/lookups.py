@@ -112,10 +112,6 @@ def rollout_for(model: str) -> Any:
     return _cached("rollouts", "", _rollouts, ROLLOUT_TTL_S).get(model)
 
 
-async def arollout_for(model: str) -> Any:
-    """``rollout_for`` for async callers."""
-    return (await _acached("rollouts", "", _rollouts, ROLLOUT_TTL_S)).get(model)
-
 
 def pinned_counts() -> PinnedCounts:
     """``nodes.selectors.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the

@@ -87,15 +87,17 @@ def _describe(exc: Exception) -> str:
 
 @db_thread
 def _read_routing(
-    session_id: str | None, *, policy: RoutingPolicy
-) -> tuple[services.RouteRow | None, float, NodeTable]:
-    """The session's row, when its read started (``time.monotonic()``) and the node table."""
+    session_id: str | None, *, model: str, policy: RoutingPolicy
+) -> tuple[services.RouteRow | None, float, NodeTable, Any]:
+    """The session's row, when its read started (``time.monotonic()``), the node table and
+    the rollout of an upgrade of ``model`` under way (None without a session or upgrade)."""
     table = nodes_for_routing(
         stale_after_s=services.routing_stale_after_s(policy), pinned=lookups.pinned_counts()
     )
+    rollout = lookups.rollout_for(model) if session_id else None
     row_read_at = time.monotonic()
     row = services.route_read(session_id=session_id) if session_id else None
-    return row, row_read_at, table
+    return row, row_read_at, table, rollout
 
 
 async def _route(
@@ -110,14 +112,15 @@ async def _route(
     returns the target and the held change (None without a session) for ``commit``. Only the
     reads leave the event loop: the decision and the hold run with no await between them, so
     concurrent decisions of this process see each other, and nobody waits for a write."""
-    row, row_read_at, table = await _read_routing(session_id, policy=policy)
+    row, row_read_at, table, rollout = await _read_routing(
+        session_id, model=model, policy=policy
+    )
     if session_id is not None:
         row = route_writer.pin_of(session_id, row, read_at=row_read_at)
     table = table.with_local_counts(
         pinned_delta=route_writer.pinned_delta(read_at=table.pinned_read_at),
         inflight=inflight.per_node(),
     )
-    rollout = await lookups.arollout_for(model) if session_id is not None else None
     target = services.route_plan(
         session_id=session_id,
         row=row,

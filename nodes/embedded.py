@@ -108,15 +108,17 @@ def array_bootstrap(
     model_path = ensure_bundled_model(settings.MODEL_DIR)
     with transaction.atomic():
         package = package_register_bundled(model_path)
+        serving = dict(Node.objects.values_list("node_id", "package_id"))
         made = [
             node_upsert(
-                node_id=f"node-{i + 1:02d}",
+                node_id=node_id,
                 address=f"{NODE_HOST}:{node_base_port + i}",
-                package_id=package.pk,
+                # a node keeps what it was given (an upgrade's version); a new one the bundled
+                package_id=serving.get(node_id) or package.pk,
                 cpu_set=node_cpu(i),
                 threads=1,
             )[0]
-            for i in range(nodes)
+            for i, node_id in ((i, f"node-{i + 1:02d}") for i in range(nodes))
         ]
         password = _ensure_admin_user()
         token = None
@@ -152,7 +154,8 @@ def node_command(
     node: Node, *, model_path: Path, package: ModelPackage, host_ram_mib: int | None = None
 ) -> list[str]:
     """The command line that starts a local node agent for ``node``; ``host_ram_mib`` is its
-    budget for idle sessions' KV (None: the node's own default)."""
+    budget for idle sessions' KV (None: the node's own default). The node serves ``package``
+    under its served name (``Node.model_name``: what clients ask for)."""
     budget = ["--host-ram-mib", str(host_ram_mib)] if host_ram_mib else []
     return [
         sys.executable,
@@ -165,7 +168,7 @@ def node_command(
         "--model",
         str(model_path),
         "--package",
-        package.name,
+        node.served_name or package.name,
         "--sha256",
         package.sha256,
         "--threads",
@@ -174,6 +177,21 @@ def node_command(
         node.cpu_set or "0",
         *budget,
     ]
+
+
+def node_command_now(node_id: str, *, fallback: Path, host_ram_mib: int | None = None) -> list[str]:
+    """``node_command`` for the node as the database says now: its package's file (the one an
+    upgrade gave it; ``fallback`` when the node has none or the file is gone) and served name.
+    ``up`` starts and restarts nodes with it, so a restart never undoes an upgrade."""
+    node = Node.objects.select_related("package").get(node_id=node_id)
+    package = node.package
+    path = Path(package.gguf_path) if package else fallback
+    if package is None or not path.is_file():  # serve the bundled file, as bootstrap does
+        package = ModelPackage.objects.get(
+            name=BUNDLED_PACKAGE_NAME, version=BUNDLED_PACKAGE_VERSION
+        )
+        path = fallback
+    return node_command(node, model_path=path, package=package, host_ram_mib=host_ram_mib)
 
 
 def node_environment(node: Node) -> dict[str, str]:

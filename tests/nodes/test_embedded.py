@@ -146,3 +146,30 @@ def test_up_stops_with_a_clear_message_when_a_port_is_taken(tmp_path) -> None:
 def test_restarts_back_off_and_a_stable_child_starts_over() -> None:
     backoff = embedded.Backoff(first_s=1, max_s=60)
     assert [backoff.delay(n) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+
+
+def test_a_restart_of_the_array_keeps_what_an_upgrade_gave_each_node(model_file, tmp_path):
+    """``up`` after an upgrade: the node keeps its new version and served name, and is started
+    (or restarted by the supervisor) with that version's file, not the bundled one."""
+    from inference.models import ModelPackage
+    from nodes.models import Node
+
+    first = embedded.array_bootstrap(nodes=2)
+    newer_file = tmp_path / "newer.gguf"
+    newer_file.write_bytes(b"GGUF")
+    newer = ModelPackage.objects.create(
+        name="smol-q4_k_m", version="1", gguf_path=str(newer_file), sha256="c" * 64
+    )
+    Node.objects.filter(node_id="node-02").update(
+        package=newer, served_name=embedded.BUNDLED_PACKAGE_NAME
+    )
+    again = embedded.array_bootstrap(nodes=2)
+    assert [n.package_id for n in again.nodes] == [first.package.pk, newer.pk]
+    argv = embedded.node_command_now("node-02", fallback=model_file)
+    assert argv[argv.index("--model") + 1] == str(newer_file)
+    assert argv[argv.index("--package") + 1] == embedded.BUNDLED_PACKAGE_NAME
+    assert argv[argv.index("--sha256") + 1] == "c" * 64
+    newer_file.unlink()  # the file is gone: the bundled one, rather than no node
+    argv = embedded.node_command_now("node-02", fallback=model_file)
+    assert argv[argv.index("--model") + 1] == str(model_file)
+    assert argv[argv.index("--sha256") + 1] == first.package.sha256

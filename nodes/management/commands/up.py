@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import psutil
 from django.core.management import call_command
@@ -24,7 +25,7 @@ from nodes.embedded import (
     array_bootstrap,
     control_loop_command,
     control_plane_command,
-    node_command,
+    node_command_now,
     node_environment,
     ports_taken,
     wait_for_port,
@@ -50,9 +51,7 @@ def _start_nodes(supervisor: Supervisor, result) -> None:
     for node in result.nodes:
         supervisor.start(
             node.node_id,
-            node_command(
-                node, model_path=result.model_path, package=result.package, host_ram_mib=budget
-            ),
+            node_command_now(node.node_id, fallback=result.model_path, host_ram_mib=budget),
             env=node_environment(node),
         )
 
@@ -169,5 +168,20 @@ class Command(BaseCommand):
                 node_record_restart(node_id=name, message=message)
             for name, at in list(due.items()):
                 if now >= at:
-                    supervisor.restart(name)
+                    self._restart_node(supervisor, name)
                     del due[name]
+
+    @staticmethod
+    def _restart_node(supervisor: Supervisor, name: str) -> None:
+        """Start a node agent again with what the database says it serves now (an upgrade may
+        have switched it since it was started); as it was started when that cannot be read."""
+        argv, env = supervisor.commands[name]
+        try:
+            model = Path(argv[argv.index("--model") + 1])
+            budget = argv[argv.index("--host-ram-mib") + 1] if "--host-ram-mib" in argv else None
+            argv = node_command_now(
+                name, fallback=model, host_ram_mib=int(budget) if budget else None
+            )
+        except Exception:  # the database is busy or gone: the command it had is still right
+            pass
+        supervisor.start(name, argv, env=env)
