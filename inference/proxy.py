@@ -112,9 +112,7 @@ async def _route(
     returns the target and the held change (None without a session) for ``commit``. Only the
     reads leave the event loop: the decision and the hold run with no await between them, so
     concurrent decisions of this process see each other, and nobody waits for a write."""
-    row, row_read_at, table, rollout = await _read_routing(
-        session_id, model=model, policy=policy
-    )
+    row, row_read_at, table, rollout = await _read_routing(session_id, model=model, policy=policy)
     if session_id is not None:
         row = route_writer.pin_of(session_id, row, read_at=row_read_at)
     table = table.with_local_counts(

@@ -150,9 +150,7 @@ def package_import_file(
             name=name,
             version=version,
             family=family or family_of(name),
-            stored_path=str(stored.path),
-            sha256=stored.sha256,
-            size_bytes=stored.size_bytes,
+            **_stored_fields(stored),
             facts=facts,
             template_source=template_source,
             lineage={**source, "template": template_source},
@@ -181,6 +179,14 @@ def _check_magic(path: Path) -> None:
         raise BadFile(f"{path.name} cannot be read: {exc.strerror or exc}.") from exc
     if first != GGUF_MAGIC:
         raise BadFile(f"{path.name} is not a GGUF file (a GGUF file starts with {GGUF_MAGIC!r}).")
+
+
+def _stored_fields(stored: Stored) -> dict[str, Any]:
+    return {
+        "stored_path": str(stored.path),
+        "sha256": stored.sha256,
+        "size_bytes": stored.size_bytes,
+    }
 
 
 @contextmanager
@@ -313,9 +319,7 @@ def _register_with_template(
         name=source.name,
         version=version,
         family=source.family or family_of(source.name),
-        stored_path=str(stored.path),
-        sha256=stored.sha256,
-        size_bytes=stored.size_bytes,
+        **_stored_fields(stored),
         facts=facts,
         template_source=ModelPackage.TemplateSource.OPERATOR,
         lineage={"kind": "template", "from": source.key, "from_id": source.pk},
@@ -335,9 +339,7 @@ def package_register_built(
             name=name,
             version=version,
             family=source.family or family_of(source.name),
-            stored_path=str(stored.path),
-            sha256=stored.sha256,
-            size_bytes=stored.size_bytes,
+            **_stored_fields(stored),
             facts=facts,
             template_source=source.template_source,
             lineage={

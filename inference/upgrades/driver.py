@@ -283,18 +283,24 @@ def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str
         s["settings_before"] = current.get("settings") or {}  # what a rollback restores
     if not already:
         try:
-            node_client.package_switch(
-                node.address,
-                node_id=node.node_id,
-                model_path=package.gguf_path,
-                package=upgrade.model,
-                sha256=package.sha256,
-                settings=upgrade.node_settings or None,
-            )
+            _ask_switch(upgrade, node, package, upgrade.node_settings)
         except (node_client.SwitchRefused, httpx.HTTPError) as exc:
             _fail(upgrade, s, "switch", f"{node.node_id} refused {package.key}: {exc}")
             return
     _move(upgrade, s, state, f"loading {package.key}")
+
+
+def _ask_switch(upgrade: Upgrade, node: Node, package, settings: dict[str, int]) -> None:
+    """``PUT /package`` on ``node``: serve ``package`` as the upgrade's model, with
+    ``settings``. Raises what ``node_client.package_switch`` raises."""
+    node_client.package_switch(
+        node.address,
+        node_id=node.node_id,
+        model_path=package.gguf_path,
+        package=upgrade.model,
+        sha256=package.sha256,
+        settings=settings or None,
+    )
 
 
 def _await_switch(
@@ -442,14 +448,7 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
             before = s.get("settings_before") or {}
             if not _serves(current, old, before):
                 try:
-                    node_client.package_switch(
-                        node.address,
-                        node_id=node.node_id,
-                        model_path=old.gguf_path,
-                        package=upgrade.model,
-                        sha256=old.sha256,
-                        settings=before or None,
-                    )
+                    _ask_switch(upgrade, node, old, before)
                 except (node_client.SwitchRefused, httpx.HTTPError) as exc:
                     s["detail"] = f"going back to {old.key} refused, retried: {exc}"
                     return

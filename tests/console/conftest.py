@@ -90,6 +90,16 @@ def api(tokens) -> Callable[..., object]:
 # --- browser tests (test_browser*.py): Debian's chromium through Playwright ---------------------
 
 BROWSER_PASSWORD = "browser-test-pw"  # every browser test's users log in with it
+# ``manage.py shell`` code that makes the users browser tests log in as (admin, operator, viewer)
+BROWSER_USERS_SETUP = f"""
+from django.contrib.auth import get_user_model
+from console.access import user_set_role
+from console.models import Role
+users = get_user_model()
+users.objects.create_superuser("admin", password={BROWSER_PASSWORD!r})
+for role in (Role.OPERATOR, Role.VIEWER):
+    user_set_role(user=users.objects.create_user(role.value, password={BROWSER_PASSWORD!r}), role=role)
+"""
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,8 @@ no process behind a "running" row and queue it again)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,7 @@ import httpx
 import pytest
 
 from tests.console.test_browser import CHROMIUM, shot
-from tests.support.processes import REPO, Proc, control_plane_at_home
+from tests.support.processes import Proc, control_plane_at_home, manage_shell
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 pytestmark = [
@@ -32,23 +29,16 @@ pytestmark = [
     ),
 ]
 
-from tests.console.conftest import BROWSER_PASSWORD as PASSWORD  # noqa: E402
+from tests.console.conftest import BROWSER_USERS_SETUP  # noqa: E402
 
 # Family "smol": three evaluated versions (q8_0 and q5_k_m approved, q4_k_m rejected: below
 # the accuracy floor and too far under the approved q5_k_m), one not evaluated; a build of
 # q4_k_m running at 40 % and an evaluation of it queued.
-SETUP = (
+SETUP = BROWSER_USERS_SETUP + (
     """
 import hashlib
-from django.contrib.auth import get_user_model
-from console.access import user_set_role
-from console.models import Role
 from inference.models import ModelPackage, PackageJob
 from inference.packages.services import package_record_evaluation
-users = get_user_model()
-users.objects.create_superuser("admin", password=PASSWORD)
-for role in (Role.OPERATOR, Role.VIEWER):
-    user_set_role(user=users.objects.create_user(role.value, password=PASSWORD), role=role)
 
 def mode(share):
     return {"cases": 20, "tool_accuracy": share, "json_parse_rate": 1.0, "schema_valid_rate": 1.0,
@@ -76,7 +66,7 @@ PackageJob.objects.create(kind="build", package=rejected, state="running", progr
                           message="quantizing", params={"quantization": "Q3_K_M"})
 PackageJob.objects.create(kind="evaluate", package=rejected, params={"subset": 5})
 """
-).replace("PASSWORD", repr(PASSWORD))
+)
 
 
 @dataclass
@@ -92,10 +82,7 @@ class Array:
 
     def shell(self, code: str) -> None:
         """Run ``code`` in ``manage.py shell`` on this control plane's database."""
-        env = {**os.environ, **self.env, "DJANGO_SETTINGS_MODULE": "console.settings"}
-        env.pop("DATABASE_URL", None)
-        manage = [sys.executable, "manage.py", "shell", "-c", code]
-        subprocess.run(manage, cwd=REPO, env=env, check=True, capture_output=True)
+        manage_shell(self.env, code)
 
     def package_id(self, key: str) -> int:
         return next(p["id"] for p in self.api("GET", "/packages").json() if p["key"] == key)

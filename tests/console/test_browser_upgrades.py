@@ -5,18 +5,15 @@ the upgrade without a reload."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.console.conftest import BROWSER_PASSWORD as PASSWORD
+from tests.console.conftest import BROWSER_USERS_SETUP
 from tests.console.test_browser import CHROMIUM, shot
-from tests.support.processes import REPO, control_plane_at_home
+from tests.support.processes import control_plane_at_home, manage_shell
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 pytestmark = [
@@ -28,18 +25,12 @@ pytestmark = [
 ]
 
 SETUP = (
-    """
+    BROWSER_USERS_SETUP
+    + """
 from datetime import timedelta
-from django.contrib.auth import get_user_model
 from django.utils import timezone
-from console.access import user_set_role
-from console.models import Role
 from inference.models import ModelPackage, Upgrade, UpgradeSample
 from inference.upgrades.services import upgrade_event
-users = get_user_model()
-users.objects.create_superuser("admin", password=PASSWORD)
-for role in (Role.OPERATOR, Role.VIEWER):
-    user_set_role(user=users.objects.create_user(role.value, password=PASSWORD), role=role)
 old = ModelPackage.objects.create(name="smol-q4_1", version="1", gguf_path="/x/a", sha256="a" * 64, status="approved")
 new = ModelPackage.objects.create(name="smol-q4_k_m", version="1", gguf_path="/x/b", sha256="b" * 64, status="approved")
 now = timezone.now().isoformat()
@@ -55,7 +46,7 @@ for i in range(6):
     s = UpgradeSample.objects.create(upgrade=upgrade, old_sessions=6 - i, new_sessions=i, new_share=0.25)
     UpgradeSample.objects.filter(pk=s.pk).update(at=timezone.now() - timedelta(seconds=10 * (6 - i)))
 """
-).replace("PASSWORD", repr(PASSWORD))
+)
 
 
 class Array:
@@ -63,15 +54,7 @@ class Array:
         self.url, self.env = url, env
 
     def shell(self, code: str) -> None:
-        env = {**os.environ, **self.env, "DJANGO_SETTINGS_MODULE": "console.settings"}
-        env.pop("DATABASE_URL", None)
-        subprocess.run(
-            [sys.executable, "manage.py", "shell", "-c", code],
-            cwd=REPO,
-            env=env,
-            check=True,
-            capture_output=True,
-        )
+        manage_shell(self.env, code)
 
 
 @pytest.fixture(scope="module")

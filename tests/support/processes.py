@@ -164,3 +164,12 @@ def control_plane_at_home(home: Path, *, setup: str = "") -> tuple[Proc, str, di
     plane = start_control_plane(free_port(), home, env=extra)
     wait_healthy(plane.url, plane, timeout=60)
     return plane, token, extra
+
+
+def manage_shell(env: dict[str, str], code: str) -> None:
+    """Run ``code`` in ``manage.py shell`` on the database of the array whose environment
+    additions are ``env`` (``control_plane_at_home``'s third value)."""
+    full = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "console.settings"}
+    full.pop("DATABASE_URL", None)
+    manage = [sys.executable, "manage.py", "shell", "-c", code]
+    subprocess.run(manage, cwd=REPO, env=full, check=True, capture_output=True)
