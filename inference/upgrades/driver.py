@@ -161,6 +161,8 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
         if _check(upgrade, s, node):
             if not s.get("was_draining"):
                 node_services.node_undrain(node_id=node.node_id)
+            if s.get("surge"):  # spare capacity takes traffic on the new version for now
+                Node.objects.filter(pk=node.pk).update(weight=1.0)
             _move(upgrade, s, "done", "serves the new version and takes traffic")
             if upgrade.new_share == 0.0:
                 upgrade.new_share = 1.0 if upgrade.promote else float(settings["canary_share"])
@@ -397,6 +399,10 @@ def _roll_back(upgrade: Upgrade, why: str) -> None:
 
 def _finish(upgrade: Upgrade, state: str, why: str) -> None:
     upgrade.state, upgrade.finished_at, upgrade.phase = state, timezone.now(), ""
+    surged = [s["node_id"] for s in upgrade.nodes if s.get("surge")]
+    if surged:  # the standby nodes are spare capacity again (on whichever version they serve)
+        Node.objects.filter(node_id__in=surged).update(weight=0.0)
+        upgrade_event(upgrade, "surge_end", f"standby again: {', '.join(surged)}")
     if state == State.SUCCEEDED:
         upgrade.new_share = 1.0
         upgrade.reason = why

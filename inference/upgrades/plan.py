@@ -66,6 +66,19 @@ def batches(node_ids: list[str], max_unavailable: int) -> list[list[str]]:
     return [node_ids[i : i + size] for i in range(0, len(node_ids), size)]
 
 
+def plan_batches(
+    loads: dict[str, int], standby: set[str], max_unavailable: int
+) -> list[tuple[list[str], bool]]:
+    """The batches of an upgrade and whether each is a surge: the ``standby`` nodes (weight 0:
+    spare capacity that takes no sessions) all together first, as a surge (they take traffic on
+    the new version before any serving node is drained), then the serving nodes by
+    ``upgrade_order`` in batches of ``max_unavailable``."""
+    surge = sorted(n for n in loads if n in standby)
+    serving = upgrade_order({n: c for n, c in loads.items() if n not in standby})
+    out = [(surge, True)] if surge else []
+    return out + [(batch, False) for batch in batches(serving, max_unavailable)]
+
+
 def upgrade_order(loads: dict[str, int]) -> list[str]:
     """Node ids by sessions pinned, fewest first (they drain soonest), then by id: the
     emptiest nodes go first, the way a surge onto spare nodes would."""

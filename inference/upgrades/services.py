@@ -98,8 +98,11 @@ def upgrade_start(
     if Upgrade.objects.select_for_update().filter(model=model, state__in=ACTIVE).exists():
         raise Conflict(f"An upgrade of {model!r} is under way.", code="upgrade_exists")
     pinned = _pinned_counts([n.pk for n in nodes])
-    order = plan.upgrade_order({n.node_id: pinned.get(n.pk, 0) for n in nodes})
     drained = {n.node_id for n in nodes if n.state == Node.State.DRAINING}
+    standby = {n.node_id for n in nodes if n.weight == 0}
+    batches = plan.plan_batches(
+        {n.node_id: pinned.get(n.pk, 0) for n in nodes}, standby, int(chosen["max_unavailable"])
+    )
     steps = [
         {
             "node_id": node_id,
@@ -108,8 +111,9 @@ def upgrade_start(
             "since": timezone.now().isoformat(),
             "detail": "",
             "was_draining": node_id in drained,
+            "surge": surge,
         }
-        for number, batch in enumerate(plan.batches(order, int(chosen["max_unavailable"])))
+        for number, (batch, surge) in enumerate(batches)
         for node_id in batch
     ]
     upgrade = Upgrade.objects.create(
@@ -162,7 +166,11 @@ def _plan_sentence(upgrade: Upgrade) -> str:
     batches: dict[int, list[str]] = {}
     for step in upgrade.nodes:
         batches.setdefault(step["batch"], []).append(step["node_id"])
-    parts = "; ".join(f"batch {b + 1}: {', '.join(ids)}" for b, ids in sorted(batches.items()))
+    surged = {s["batch"] for s in upgrade.nodes if s.get("surge")}
+    parts = "; ".join(
+        f"batch {b + 1}{' (surge: standby nodes)' if b in surged else ''}: {', '.join(ids)}"
+        for b, ids in sorted(batches.items())
+    )
     s = upgrade.settings
     settings = "".join(f", {k} {v}" for k, v in upgrade.node_settings.items())
     return (

@@ -221,3 +221,31 @@ def test_only_an_approved_version_can_be_rolled_out(fleet, packages):
     services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)
     with pytest.raises(Conflict, match="An upgrade of 'smol-q4_1' is under way"):
         services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)
+
+
+def test_a_standby_node_surges_onto_the_new_version_first_and_is_spare_again_after(fleet, packages):
+    old, new = packages
+    Node.objects.filter(node_id="n3").update(weight=0.0)  # spare capacity
+    upgrade = services.upgrade_start(
+        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 0}
+    )
+    assert [(s["node_id"], s["batch"], s["surge"]) for s in upgrade.nodes] == [
+        ("n3", 0, True),
+        ("n1", 1, False),
+        ("n2", 2, False),
+    ]
+    assert "batch 1 (surge: standby nodes): n3" in upgrade.events.first().message
+    weights = []
+    for _ in range(60):
+        scrape()
+        driver.upgrades_tick()
+        row = Upgrade.objects.get(pk=upgrade.pk)
+        weights.append((row.nodes[1]["state"], Node.objects.get(node_id="n3").weight))
+        if row.finished:
+            break
+    assert row.state == "succeeded" and fleet.asked[0] == ("n3", new.sha256)
+    assert ("draining", 1.0) in weights  # n3 served while n1 was out
+    assert (
+        Node.objects.get(node_id="n3").weight == 0.0
+        and Node.objects.get(node_id="n3").package == new
+    )

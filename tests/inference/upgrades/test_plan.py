@@ -78,3 +78,13 @@ def test_too_little_traffic_passes_and_says_so():
             "values": {},
         }
     ]
+
+
+def test_standby_nodes_surge_first_then_serving_ones_in_batches():
+    loads = {"n1": 3, "n2": 0, "spare-a": 0, "spare-b": 0, "n3": 1}
+    assert plan.plan_batches(loads, {"spare-b", "spare-a"}, 2) == [
+        (["spare-a", "spare-b"], True),
+        (["n2", "n3"], False),
+        (["n1"], False),
+    ]
+    assert plan.plan_batches({"n1": 0}, set(), 1) == [(["n1"], False)]
