@@ -108,15 +108,18 @@ def array_bootstrap(
     model_path = ensure_bundled_model(settings.MODEL_DIR)
     with transaction.atomic():
         package = package_register_bundled(model_path)
-        serving = dict(Node.objects.values_list("node_id", "package_id"))
+        known = {
+            n: (p, t) for n, p, t in Node.objects.values_list("node_id", "package_id", "threads")
+        }
         made = [
             node_upsert(
                 node_id=node_id,
                 address=f"{NODE_HOST}:{node_base_port + i}",
-                # a node keeps what it was given (an upgrade's version); a new one the bundled
-                package_id=serving.get(node_id) or package.pk,
+                # a node keeps what it was given (an upgrade's version and threads); a new one
+                # the bundled package and one thread
+                package_id=known.get(node_id, (None,))[0] or package.pk,
                 cpu_set=node_cpu(i),
-                threads=1,
+                threads=known.get(node_id, (None, 1))[1] or 1,
             )[0]
             for i, node_id in ((i, f"node-{i + 1:02d}") for i in range(nodes))
         ]
@@ -156,7 +159,12 @@ def node_command(
     """The command line that starts a local node agent for ``node``; ``host_ram_mib`` is its
     budget for idle sessions' KV (None: the node's own default). The node serves ``package``
     under its served name (``Node.model_name``: what clients ask for)."""
+    rolled = node.engine_settings or {}  # what an upgrade gave it
+    host_ram_mib = rolled.get("host_ram_mib", host_ram_mib)
     budget = ["--host-ram-mib", str(host_ram_mib)] if host_ram_mib else []
+    for key, flag in (("sequences", "--sequences"), ("ctx_per_seq", "--ctx-per-seq")):
+        if key in rolled:
+            budget += [flag, str(rolled[key])]
     return [
         sys.executable,
         str(Path(settings.BASE_DIR) / "manage.py"),

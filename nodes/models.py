@@ -61,6 +61,12 @@ class Node(models.Model):
         help_text="The model name clients ask this node for (blank: its package's name). "
         "An upgrade keeps it while the package under it changes.",
     )
+    engine_settings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Engine settings an upgrade rolled: sequences, ctx_per_seq, host_ram_mib "
+        "(threads is its own field); the node is started with them.",
+    )
     max_sessions = models.PositiveIntegerField(
         default=0, help_text="Most sessions pinned here (0: no limit)."
     )

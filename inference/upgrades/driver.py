@@ -339,9 +339,13 @@ def _serves(current: dict[str, Any] | None, package, settings: dict[str, int]) -
 
 
 def _served(node: Node, package, model: str, settings: dict[str, int] | None = None) -> None:
+    """Record what ``node`` serves now, with the settings it took (kept for its restarts)."""
     changes: dict[str, Any] = {"package": package, "served_name": model}
-    if settings and "threads" in settings:
-        changes["threads"] = settings["threads"]
+    settings = dict(settings or {})
+    if "threads" in settings:
+        changes["threads"] = settings.pop("threads")
+    if settings:
+        changes["engine_settings"] = {**(node.engine_settings or {}), **settings}
     Node.objects.filter(pk=node.pk).update(**changes)
     NodeEvent.objects.create(
         node=node, kind=NodeEvent.Kind.SWITCHED, message=f"serves {package.key} as {model}"

@@ -149,8 +149,9 @@ def test_restarts_back_off_and_a_stable_child_starts_over() -> None:
 
 
 def test_a_restart_of_the_array_keeps_what_an_upgrade_gave_each_node(model_file, tmp_path):
-    """``up`` after an upgrade: the node keeps its new version and served name, and is started
-    (or restarted by the supervisor) with that version's file, not the bundled one."""
+    """``up`` after an upgrade: the node keeps its new version, served name and rolled
+    settings, and is started (or restarted by the supervisor) with that version's file, not
+    the bundled one."""
     from inference.models import ModelPackage
     from nodes.models import Node
 
@@ -161,7 +162,10 @@ def test_a_restart_of_the_array_keeps_what_an_upgrade_gave_each_node(model_file,
         name="smol-q4_k_m", version="1", gguf_path=str(newer_file), sha256="c" * 64
     )
     Node.objects.filter(node_id="node-02").update(
-        package=newer, served_name=embedded.BUNDLED_PACKAGE_NAME
+        package=newer,
+        served_name=embedded.BUNDLED_PACKAGE_NAME,
+        threads=2,
+        engine_settings={"sequences": 4, "ctx_per_seq": 4096},
     )
     again = embedded.array_bootstrap(nodes=2)
     assert [n.package_id for n in again.nodes] == [first.package.pk, newer.pk]
@@ -169,6 +173,8 @@ def test_a_restart_of_the_array_keeps_what_an_upgrade_gave_each_node(model_file,
     assert argv[argv.index("--model") + 1] == str(newer_file)
     assert argv[argv.index("--package") + 1] == embedded.BUNDLED_PACKAGE_NAME
     assert argv[argv.index("--sha256") + 1] == "c" * 64
+    assert argv[argv.index("--threads") + 1] == "2"
+    assert argv[-4:] == ["--sequences", "4", "--ctx-per-seq", "4096"]
     newer_file.unlink()  # the file is gone: the bundled one, rather than no node
     argv = embedded.node_command_now("node-02", fallback=model_file)
     assert argv[argv.index("--model") + 1] == str(model_file)
