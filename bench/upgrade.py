@@ -266,7 +266,9 @@ async def run(args, array: Array, home: Path) -> dict:
 
     print("building Q4_K_M from the bundled Q4_1 (llama.cpp's quantizer)", flush=True)
     traffic.phase = "build"
-    built = await asyncio.to_thread(array.manage, "package", "quantize", f"{MODEL}:1", "--type", "Q4_K_M")
+    built = await asyncio.to_thread(
+        array.manage, "package", "quantize", f"{MODEL}:1", "--type", "Q4_K_M"
+    )
     q4km_key = built["result"]["package"]
     q4km = await asyncio.to_thread(array.package_id, q4km_key)
     await asyncio.to_thread(

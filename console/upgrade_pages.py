@@ -85,7 +85,11 @@ def upgrade_detail(row: Upgrade) -> dict[str, Any]:
     return {
         "upgrade": row,
         "data": upgrade_out(row),
-        "events": list(row.events.values("at", "node_id", "kind", "message")),
+        "events": list(
+            reversed(
+                row.events.order_by("-at", "-id").values("at", "node_id", "kind", "message")[:2000]
+            )
+        ),
         "samples": [
             {
                 "at": s.at.isoformat(),
@@ -93,7 +97,7 @@ def upgrade_detail(row: Upgrade) -> dict[str, Any]:
                 "new_sessions": s.new_sessions,
                 "new_share": s.new_share,
             }
-            for s in row.samples.all()
+            for s in reversed(row.samples.order_by("-at", "-id")[:3600])
         ],
     }
 

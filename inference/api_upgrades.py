@@ -138,22 +138,24 @@ def upgrades_show(request: HttpRequest, upgrade_id: int) -> dict:
     "/upgrades/{int:upgrade_id}/events",
     response=list[EventOut],
     tags=["upgrades"],
-    summary="The upgrade's event log, oldest first",
+    summary="The upgrade's event log, oldest first (the newest 2,000)",
     auth=NEEDS_VIEWER,
 )
 def upgrades_events(request: HttpRequest, upgrade_id: int) -> list:
-    return list(services.upgrade_get(upgrade_id).events.all()[:2000])
+    newest = services.upgrade_get(upgrade_id).events.order_by("-at", "-id")[:2000]
+    return list(reversed(newest))
 
 
 @router.get(
     "/upgrades/{int:upgrade_id}/samples",
     response=list[SampleOut],
     tags=["upgrades"],
-    summary="The traffic split over time (one sample per control-loop tick)",
+    summary="The traffic split over time (one sample a second; the newest 3,600)",
     auth=NEEDS_VIEWER,
 )
 def upgrades_samples(request: HttpRequest, upgrade_id: int) -> list:
-    return list(services.upgrade_get(upgrade_id).samples.all()[:5000])
+    newest = services.upgrade_get(upgrade_id).samples.order_by("-at", "-id")[:3600]
+    return list(reversed(newest))
 
 
 def _action(name: str, summary: str):

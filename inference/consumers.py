@@ -59,7 +59,7 @@ def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, An
         default = selectors.package_default()
         if default is None:
             raise NoHealthyNode("No model package is registered.", retry_after=5)
-        name = default.name
+        name = selectors.served_name(default)
     package = lookups.package_for_model(name)
     history = services.transcript_get(session_id=session_id)
     if turn.message["role"] == "tool":

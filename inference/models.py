@@ -532,6 +532,9 @@ class Upgrade(models.Model):
         default=0.0, help_text="Share of new sessions routed to the new version now (0..1)."
     )
     reason = models.TextField(blank=True, default="", help_text="Why it ended as it did.")
+    lease_until = models.DateTimeField(
+        null=True, blank=True, help_text="A driver steps it until then (one driver at a time)."
+    )
     created_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

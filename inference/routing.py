@@ -315,6 +315,9 @@ def route_request(
         raise NoNodeAvailable(_no_node_message(nodes, model=model, exclude=excluded))
     check = full_for_session if session else busy_for_request
     open_pool = [n for n in pool if check(n, limits) is None]
+    if not open_pool and version is not None:  # every node of its version is full: any
+        pool = candidates(nodes, model=model, exclude=excluded)
+        open_pool = [n for n in pool if check(n, limits) is None]
     if not open_pool:
         states = ", ".join(f"{n.node_id} {check(n, limits)}" for n in pool)
         raise Saturated(f"every node serving {model!r} is full ({states})")

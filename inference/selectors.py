@@ -6,13 +6,30 @@ from inference.models import ModelPackage, SessionRoute
 from nodes.models import Node
 
 
-def packages_served() -> list[ModelPackage]:
-    """Packages served by at least one ``up`` node, newest version of each name first."""
-    return list(
-        ModelPackage.objects.filter(nodes__state=Node.State.UP)
-        .distinct()
-        .order_by("name", "-created_at")
+def packages_served() -> list[tuple[str, ModelPackage]]:
+    """``(name clients ask for, package)`` for each model served by at least one ``up`` node
+    (its served name: the name stays while upgrades change the version under it), the newest
+    version of each name first."""
+    nodes = Node.objects.filter(state=Node.State.UP, package__isnull=False).select_related(
+        "package"
     )
+    pairs = sorted(
+        ((n.model_name, n.package) for n in nodes),
+        key=lambda pair: (pair[0], -pair[1].created_at.timestamp()),
+    )
+    return [pair for pair in pairs if pair[0]]
+
+
+def served_name(package: ModelPackage) -> str:
+    """The name clients ask for ``package`` by: the served name of a node serving it, else
+    its own name."""
+    named = (
+        Node.objects.filter(package=package)
+        .exclude(served_name="")
+        .values_list("served_name", flat=True)
+        .first()
+    )
+    return named or package.name
 
 
 def package_default() -> ModelPackage | None:

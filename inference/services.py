@@ -558,6 +558,9 @@ def transcript_append(*, session_id: str, messages: list[dict[str, Any]]) -> int
 
 
 def session_package_name(*, session_id: str) -> str | None:
-    """Name of the package a session started on, or None for a new session."""
+    """The name the session's model is asked for by (the served name of its package version,
+    which an upgrade keeps), or None for a new session."""
+    from inference.selectors import served_name
+
     route = SessionRoute.objects.filter(session_id=session_id).select_related("package").first()
-    return route.package.name if route and route.package else None
+    return served_name(route.package) if route and route.package else None

@@ -94,16 +94,16 @@ async def models_list(request: HttpRequest) -> HttpResponse:
         await _authenticate(request)
     except ProxyError as exc:
         return error_response(exc)
-    packages = await db_thread(selectors.packages_served)()
+    served = await db_thread(selectors.packages_served)()
     seen: set[str] = set()
     data = []
-    for package in packages:
-        if package.name in seen:
+    for name, package in served:
+        if name in seen:
             continue
-        seen.add(package.name)
+        seen.add(name)
         data.append(
             {
-                "id": package.name,
+                "id": name,
                 "object": "model",
                 "owned_by": "phalanx",
                 "created": int(package.created_at.timestamp()),

@@ -25,6 +25,7 @@ _sync_lock = threading.Lock()
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
     weakref.WeakKeyDictionary()
 )
+PROBE_HEADER = "X-Phalanx-Probe"  # the control plane's own checks: not counted as traffic
 _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 
 
@@ -171,7 +172,7 @@ def canary(address: str, *, node_id: str, model: str | None, timeout: float) -> 
         response = _client().post(
             f"http://{address}/v1/chat/completions",
             json=body,
-            headers=node_auth_headers(node_id),
+            headers={**node_auth_headers(node_id), PROBE_HEADER: "1"},
             timeout=timeout,
         )
     except httpx.TimeoutException:
@@ -258,8 +259,12 @@ def session_erase_sync(address: str, *, node_id: str, session_id: str, timeout: 
 
 
 class SwitchRefused(Exception):
-    """The node refused a package switch (400: a bad request, a file it does not have; 409:
-    one under way); the message is the node's."""
+    """The node refused a package switch (400: a bad request, a file it does not have); the
+    message is the node's."""
+
+
+class SwitchBusy(SwitchRefused):
+    """The node is loading another switch (409): ask again when it has ended."""
 
 
 def package_switch(
@@ -273,15 +278,17 @@ def package_switch(
     timeout: float = 10.0,
 ) -> dict[str, Any]:
     """``PUT /package``: ask the node to load ``model_path`` and serve it as ``package``
-    (nodes/agent/switch.py); returns its state (202). Raises ``SwitchRefused`` for a refusal,
-    ``httpx.HTTPError`` on network trouble."""
+    (nodes/agent/switch.py); returns its state (202). Raises ``SwitchBusy`` while another
+    switch loads, ``SwitchRefused`` for a refusal, ``httpx.HTTPError`` on network trouble."""
     body = {"model_path": model_path, "package": package, "sha256": sha256}
     if settings:
         body["settings"] = settings
     response = _client().put(
         f"http://{address}/package", json=body, headers=node_auth_headers(node_id), timeout=timeout
     )
-    if response.status_code in (400, 409):
+    if response.status_code == 409:
+        raise SwitchBusy(_error_message(response))
+    if response.status_code == 400:
         raise SwitchRefused(_error_message(response))
     response.raise_for_status()
     return response.json()
@@ -304,7 +311,7 @@ def node_http(address: str, *, node_id: str, timeout: float) -> httpx.Client:
     test); close it after use."""
     return httpx.Client(
         base_url=f"http://{address}",
-        headers=node_auth_headers(node_id),
+        headers={**node_auth_headers(node_id), PROBE_HEADER: "1"},
         timeout=timeout,
         trust_env=False,
     )

@@ -72,7 +72,9 @@ class ControlLoop:
                 "node_id",
                 "address",
                 "state",
+                "package",
                 "package__name",
+                "served_name",
                 "last_active_at",
                 "last_canary_at",
                 "created_at",
@@ -114,7 +116,7 @@ class ControlLoop:
         canary = node_client.canary(
             node.address,
             node_id=node.node_id,
-            model=node.package.name if node.package else None,
+            model=node.model_name,
             timeout=policy.canary_timeout_s,
         )
         return (result if canary.ok else canary), True

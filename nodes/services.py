@@ -170,6 +170,8 @@ def node_upsert(
         )
         NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
         return node, True
+    if node.package_id != package_id:  # set by hand: what an upgrade recorded no longer holds
+        node.served_name, node.engine_settings = "", {}
     if node.address != address or node.package_id != package_id:
         node.state = Node.State.UNKNOWN if node.state != Node.State.DRAINING else node.state
         node.consecutive_failures = 0

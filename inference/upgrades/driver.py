@@ -29,7 +29,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections
+from django.db.models import Q
 from django.utils import timezone
 
 from inference.models import SessionRoute, Upgrade, UpgradeSample
@@ -56,7 +57,10 @@ def upgrades_tick() -> None:
         except Exception as exc:  # a bad step must not stop the others; it is retried
             log.exception("upgrade %s: step failed", upgrade_id)
             upgrade = Upgrade.objects.get(pk=upgrade_id)
-            upgrade_event(upgrade, "error", f"step failed, retried next tick: {exc}")
+            message = f"step failed, retried next tick: {exc}"
+            last = upgrade.events.order_by("-at", "-id").values_list("message", flat=True).first()
+            if last != message:  # once, not every second
+                upgrade_event(upgrade, "error", message)
     for upgrade in Upgrade.objects.filter(
         state__in=(State.RUNNING, State.PAUSED, State.ROLLING_BACK)
     ):
@@ -76,45 +80,52 @@ def run(stop: threading.Event, interval_s: float = 1.0) -> None:
         stop.wait(interval_s)
 
 
-def step(upgrade_id: int) -> Upgrade:
-    """Advance one upgrade by one step; returns it as saved."""
-    with transaction.atomic():
-        upgrade = (
-            Upgrade.objects.select_for_update()
-            .select_related("from_package", "to_package")
-            .get(pk=upgrade_id)
-        )
-    if upgrade.state == State.PENDING:
-        upgrade.state, upgrade.started_at, upgrade.phase = State.RUNNING, timezone.now(), "batch 1"
-        upgrade_event(upgrade, "started", "the upgrade started")
-    elif upgrade.state == State.RUNNING:
-        _forward(upgrade)
-    elif upgrade.state == State.ROLLING_BACK:
-        _backward(upgrade)
-    _save(upgrade)
-    return upgrade
+LEASE_S = 600.0  # longer than any one step (a smoke chat is at most SMOKE_TIMEOUT_S)
 
 
-def _save(upgrade: Upgrade) -> None:
-    """Write the driver's fields only if nobody paused or aborted it meanwhile (their action
-    wins; the step is done again from the row they left)."""
-    fields = dict(
-        state=upgrade.state,
-        phase=upgrade.phase,
-        nodes=upgrade.nodes,
-        gates=upgrade.gates,
-        bake=upgrade.bake,
-        new_share=upgrade.new_share,
-        reason=upgrade.reason,
-        started_at=upgrade.started_at,
-        finished_at=upgrade.finished_at,
+def step(upgrade_id: int) -> Upgrade | None:
+    """Advance one upgrade by one step; returns it as saved, or None when another driver
+    holds it (``lease_until``: one driver steps an upgrade at a time)."""
+    now = timezone.now()
+    leased = Upgrade.objects.filter(pk=upgrade_id).filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     )
-    current = Upgrade.objects.filter(pk=upgrade.pk).values_list("state", flat=True).first()
-    if current == State.PAUSED or (
-        current == State.ROLLING_BACK and upgrade.state == State.RUNNING
-    ):
-        fields = {k: v for k, v in fields.items() if k in ("nodes", "gates", "bake")}
-    Upgrade.objects.filter(pk=upgrade.pk).update(**fields)
+    if not leased.update(lease_until=now + timedelta(seconds=LEASE_S)):
+        return None
+    try:
+        upgrade = Upgrade.objects.select_related("from_package", "to_package").get(pk=upgrade_id)
+        started_as = upgrade.state
+        if upgrade.state == State.PENDING:
+            upgrade.state, upgrade.started_at = State.RUNNING, timezone.now()
+            upgrade.phase = "batch 1"
+            upgrade_event(upgrade, "started", "the upgrade started")
+        elif upgrade.state == State.RUNNING:
+            _forward(upgrade)
+        elif upgrade.state == State.ROLLING_BACK:
+            _backward(upgrade)
+        _save(upgrade, started_as)
+    finally:
+        Upgrade.objects.filter(pk=upgrade_id).update(lease_until=None)
+    return Upgrade.objects.get(pk=upgrade_id)
+
+
+DRIVER_FIELDS = ("state", "phase", "new_share", "reason", "started_at", "finished_at")
+PROGRESS_FIELDS = ("nodes", "gates", "bake")
+
+
+def _save(upgrade: Upgrade, started_as: str) -> None:
+    """Write the step, conditionally on the state it started from. When an operator paused
+    or aborted it meanwhile, their state stands and the step's progress (nodes, gates) is
+    kept; except that a rollback the step began (a failed gate) goes ahead over a pause."""
+    fields = {f: getattr(upgrade, f) for f in (*DRIVER_FIELDS, *PROGRESS_FIELDS)}
+    if Upgrade.objects.filter(pk=upgrade.pk, state=started_as).update(**fields):
+        return
+    progress = {f: fields[f] for f in PROGRESS_FIELDS}
+    now = Upgrade.objects.filter(pk=upgrade.pk).values_list("state", flat=True).first()
+    if upgrade.state == State.ROLLING_BACK and now == State.PAUSED:
+        progress.update(state=State.ROLLING_BACK, reason=upgrade.reason, new_share=0.0)
+        progress.update(phase=upgrade.phase, paused_from="")
+    Upgrade.objects.filter(pk=upgrade.pk).update(**progress)
 
 
 # --- forward ------------------------------------------------------------------------------------
@@ -223,11 +234,10 @@ def _bake(upgrade: Upgrade, batch: int) -> None:
 
 
 def _nodes_by_version(upgrade: Upgrade) -> tuple[list[str], list[str]]:
-    rows = Node.objects.filter(
-        package_id__in=(upgrade.from_package_id, upgrade.to_package_id)
-    ).values_list("node_id", "package_id")
-    old = [n for n, p in rows if p == upgrade.from_package_id]
-    new = [n for n, p in rows if p == upgrade.to_package_id]
+    """``(old, new)`` node ids: the plan's nodes not yet moved, and those done (a
+    settings-only roll has one package on both sides, so the sides are the plan's)."""
+    old = [s["node_id"] for s in upgrade.nodes if s["state"] == "waiting"]
+    new = [s["node_id"] for s in upgrade.nodes if s["state"] == "done"]
     return old, new
 
 
@@ -264,7 +274,9 @@ def _drained(node: Node, s: dict[str, Any], timeout_s: float) -> bool:
         return False
     load = node.last_seen_load or {}
     if load.get("active") or load.get("queue"):
-        return _since(s) >= timeout_s and not load.get("active")
+        # past the timeout the switch may go ahead: requests running then end on the old
+        # engine, which the node keeps until they have (nodes/agent/switch.py)
+        return _since(s) >= timeout_s
     recent = timezone.now() - timedelta(seconds=RECENT_S)
     pinned = SessionRoute.objects.filter(node=node, last_seen_at__gte=recent).count()
     if pinned and _since(s) < timeout_s:
@@ -277,15 +289,21 @@ def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str
     """Ask ``node`` to serve ``package`` (as the upgrade's model); idempotent after a restart:
     a node already serving or loading it is not asked twice."""
     current = node_client.package_state(node.address, node_id=node.node_id)
-    switch = (current or {}).get("switch") or {}
+    if current is None:
+        if _since(s) > upgrade.settings["switch_timeout_s"]:
+            _fail(upgrade, s, "switch", f"{node.node_id} does not answer GET /package")
+        return  # asked again next tick: first learn what it serves (a rollback restores it)
+    switch = current.get("switch") or {}
     already = _serves(current, package, upgrade.node_settings) or (
         switch.get("sha256") == package.sha256 and switch.get("state") in ("verifying", "loading")
     )
-    if current and "settings_before" not in s:
-        s["settings_before"] = current.get("settings") or {}  # what a rollback restores
+    if "settings_before" not in s:
+        s["settings_before"] = current.get("settings") or {}
     if not already:
         try:
             _ask_switch(upgrade, node, package, upgrade.node_settings)
+        except node_client.SwitchBusy:
+            return  # another load is under way on the node: ask when it has ended
         except (node_client.SwitchRefused, httpx.HTTPError) as exc:
             _fail(upgrade, s, "switch", f"{node.node_id} refused {package.key}: {exc}")
             return
@@ -417,48 +435,73 @@ def _finish(upgrade: Upgrade, state: str, why: str) -> None:
 
 
 def _backward(upgrade: Upgrade) -> None:
-    """Every node that left the old version goes back to it; the rest are released."""
-    for s in upgrade.nodes:
-        if s["state"] in ("reverted",):
+    """Every node that left the old version goes back to it, at most ``max_unavailable`` out
+    of service at a time, the most recently moved first; untouched nodes are released. A node
+    that cannot go back within its time ends the upgrade ``failed``, naming it (it stays
+    drained for the operator)."""
+    budget = int(upgrade.settings["max_unavailable"])
+    for s in sorted(upgrade.nodes, key=lambda s: -s["batch"]):
+        if s["state"] in ("reverted", "stuck"):
             continue
         node = Node.objects.filter(node_id=s["node_id"]).first()
         if node is None:
             _move(upgrade, s, "reverted", "removed from the array")
             continue
-        _revert(upgrade, s, node)
-    if all(s["state"] == "reverted" for s in upgrade.nodes):
-        _finish(upgrade, State.ROLLED_BACK, upgrade.reason or "rolled back")
+        out = sum(1 for x in upgrade.nodes if x["state"] == "reverting")
+        _revert(upgrade, s, node, may_drain=out < budget)
+    if all(s["state"] in ("reverted", "stuck") for s in upgrade.nodes):
+        stuck = [s["node_id"] for s in upgrade.nodes if s["state"] == "stuck"]
+        if stuck:
+            _finish(
+                upgrade,
+                State.FAILED,
+                f"{upgrade.reason}; could not go back to {upgrade.from_package.key}: "
+                f"{', '.join(stuck)} (left drained)",
+            )
+        else:
+            _finish(upgrade, State.ROLLED_BACK, upgrade.reason or "rolled back")
 
 
-def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
+def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool) -> None:
     old = upgrade.from_package
-    if s["state"] in ("waiting", "draining") and node.package_id == old.pk:
-        if s["state"] == "draining" and not s.get("was_draining"):
-            node_services.node_undrain(node_id=node.node_id)
-        _move(upgrade, s, "reverted", f"kept {old.key}")
-        return
-    phase = s.get("revert", "")
+    before = s.get("settings_before") or {}
     if s["state"] != "reverting":
-        if s["state"] == "switching":  # let the load under way end before asking again
-            state = (node_client.package_state(node.address, node_id=node.node_id) or {}).get(
-                "switch"
-            ) or {}
-            if (
-                state.get("state") in ("verifying", "loading")
-                and _since(s) < upgrade.settings["switch_timeout_s"]
+        current = node_client.package_state(node.address, node_id=node.node_id)
+        switch = (current or {}).get("switch") or {}
+        if switch.get("state") in ("verifying", "loading"):
+            return  # a load under way (ours, perhaps): let it end before deciding
+        if _serves(current, old, before) and node.package_id == old.pk:
+            if s["state"] == "draining" or (
+                s["state"] != "waiting" and node.state == Node.State.DRAINING
             ):
-                return
+                if not s.get("was_draining"):
+                    node_services.node_undrain(node_id=node.node_id)
+            _move(upgrade, s, "reverted", f"kept {old.key}")
+            return
+        if current is None and s["state"] == "waiting":
+            _move(upgrade, s, "reverted", f"not reached; kept {old.key}")
+            return
+        if not may_drain:
+            return
         node_services.node_drain(node_id=node.node_id)
         s["revert"] = "draining"
         _move(upgrade, s, "reverting", f"drained to go back to {old.key}")
         return
+    phase = s.get("revert", "")
+    limit = upgrade.settings["switch_timeout_s"] + upgrade.settings["drain_timeout_s"]
+    if _since(s) > limit:
+        _move(upgrade, s, "stuck", f"did not get back to {old.key} within {limit:.0f} s")
+        return
     if phase == "draining":
         if _drained(node, s, upgrade.settings["drain_timeout_s"]):
-            current = node_client.package_state(node.address, node_id=node.node_id) or {}
-            before = s.get("settings_before") or {}
+            current = node_client.package_state(node.address, node_id=node.node_id)
+            if current is None:
+                return  # cannot ask it now; next tick
             if not _serves(current, old, before):
                 try:
                     _ask_switch(upgrade, node, old, before)
+                except node_client.SwitchBusy:
+                    return  # a load is under way; ask when it has ended
                 except (node_client.SwitchRefused, httpx.HTTPError) as exc:
                     s["detail"] = f"going back to {old.key} refused, retried: {exc}"
                     return
@@ -468,12 +511,13 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node) -> None:
     elif phase == "switching":
         current = node_client.package_state(node.address, node_id=node.node_id)
         switch = (current or {}).get("switch") or {}
-        before = s.get("settings_before") or {}
-        if _serves(current, old, before) and switch.get("state") != "loading":
+        if switch.get("state") in ("verifying", "loading"):
+            return
+        if _serves(current, old, before):
             _served(node, old, upgrade.model, before)
             s["revert"] = "checking"
-        elif ((current or {}).get("switch") or {}).get("state") == "failed":
-            s["revert"] = "draining"  # ask again: the old version served before, it loads
+        elif current is not None:
+            s["revert"] = "draining"  # it failed, or a later load won: ask again
     elif phase == "checking":
         if node_client.probe(node.address, node_id=node.node_id, timeout=5.0).ok:
             if not s.get("was_draining"):
@@ -490,11 +534,23 @@ def sample(upgrade: Upgrade) -> UpgradeSample:
     recent = timezone.now() - timedelta(seconds=60)
     routes = SessionRoute.objects.filter(last_seen_at__gte=recent)
     up = Node.objects.filter(state=Node.State.UP)
+    if upgrade.from_package_id == upgrade.to_package_id:  # settings: the sides are nodes
+        moved = [s["node_id"] for s in upgrade.nodes if s["state"] in ("done", "reverting")]
+        mine = routes.filter(package_id=upgrade.from_package_id)
+        new_sessions = mine.filter(node__node_id__in=moved).count()
+        old_sessions = mine.count() - new_sessions
+        new_nodes = up.filter(node_id__in=moved).count()
+        old_nodes = up.filter(package_id=upgrade.from_package_id).count() - new_nodes
+    else:
+        old_sessions = routes.filter(package_id=upgrade.from_package_id).count()
+        new_sessions = routes.filter(package_id=upgrade.to_package_id).count()
+        old_nodes = up.filter(package_id=upgrade.from_package_id).count()
+        new_nodes = up.filter(package_id=upgrade.to_package_id).count()
     return UpgradeSample.objects.create(
         upgrade=upgrade,
-        old_sessions=routes.filter(package_id=upgrade.from_package_id).count(),
-        new_sessions=routes.filter(package_id=upgrade.to_package_id).count(),
-        old_nodes=up.filter(package_id=upgrade.from_package_id).count(),
-        new_nodes=up.filter(package_id=upgrade.to_package_id).count(),
+        old_sessions=old_sessions,
+        new_sessions=new_sessions,
+        old_nodes=old_nodes,
+        new_nodes=new_nodes,
         new_share=upgrade.new_share,
     )

@@ -95,6 +95,14 @@ def upgrade_start(
     nodes = nodes_serving(old, model)
     if not nodes:
         raise Conflict(f"No node serves {old.key} as {model!r}.", code="no_nodes")
+    down = [n.node_id for n in nodes if n.state == Node.State.DOWN]
+    if down:
+        raise Conflict(
+            f"{', '.join(down)} {'is' if len(down) == 1 else 'are'} down: bring "
+            f"{'it' if len(down) == 1 else 'them'} back or remove {'it' if len(down) == 1 else 'them'} "
+            "before upgrading.",
+            code="node_down",
+        )
     if Upgrade.objects.select_for_update().filter(model=model, state__in=ACTIVE).exists():
         raise Conflict(f"An upgrade of {model!r} is under way.", code="upgrade_exists")
     pinned = _pinned_counts([n.pk for n in nodes])

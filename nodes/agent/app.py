@@ -70,6 +70,17 @@ ROUTES = (
 )
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What serves one request from its start to its end: the chat service, engine, identity
+    and outcome counters of the package the node served when it arrived."""
+
+    service: ChatService | None
+    engine: Engine
+    identity: Any
+    outcomes: Outcomes | None
+
+
 @dataclass
 class NodeIdentity:
     """Who the node is: its id, the package it serves, its GGUF's sha256 and its array's id."""
@@ -97,6 +108,7 @@ class NodeApp:
         self._service: ChatService | None = None
         self.switch: SwitchStatus | None = None
         self.outcomes = Outcomes()  # of the package served now (a switch starts afresh)
+        self._holding: dict[int, int] = {}  # id(engine) -> requests that captured it
 
     @property
     def service(self) -> ChatService | None:
@@ -223,11 +235,23 @@ class NodeApp:
         except BodyTooLarge as exc:
             return await self._error(send, 413, str(exc), code="body_too_large")
         # what serves this request, to its end, even if the node switches package meanwhile
-        service, engine, identity = self.service, self.engine, self.identity
-        if service is None:
+        serving = Serving(self.service, self.engine, self.identity, self.outcomes)
+        if serving.service is None:
             return await self._error(
                 send, 503, "the model is still loading", code="loading", retry=True
             )
+        if header(scope, "x-phalanx-probe") == "1":  # a control-plane check, not traffic
+            serving = dataclasses.replace(serving, outcomes=None)
+        self._holding[id(serving.engine)] = self._holding.get(id(serving.engine), 0) + 1
+        try:
+            await self._serve_chat(scope, receive, send, raw, serving)
+        finally:
+            self._holding[id(serving.engine)] -= 1
+
+    async def _serve_chat(
+        self, scope: dict[str, Any], receive: Receive, send: Send, raw: bytes, serving: Serving
+    ) -> None:
+        identity, engine = serving.identity, serving.engine
         try:
             chat = parse_chat_request(_with_default_model(decode_json(raw), identity.package))
             if chat.model != identity.package:
@@ -239,7 +263,7 @@ class NodeApp:
                 )
             # rendering and tokenizing a long prompt is slow: off the loop, /health stays quick
             generation = await asyncio.to_thread(
-                service.start,
+                serving.service.start,
                 chat,
                 session_id=header(scope, "x-session-id"),
                 loop=asyncio.get_running_loop(),
@@ -252,9 +276,9 @@ class NodeApp:
         watcher = watch_disconnect(receive, lambda: engine.cancel(generation.request))
         try:
             if chat.stream:
-                await self._stream(generation, send, identity)
+                await self._stream(generation, send, serving)
             else:
-                await self._complete(generation, send, identity)
+                await self._complete(generation, send, serving)
         finally:
             watcher.cancel()
             engine.cancel(generation.request)  # no-op when finished; frees it otherwise
@@ -266,9 +290,10 @@ class NodeApp:
             tools=generation.chat.tool_mode is not None and generation.chat.tool_mode.allows_call,
         )
 
-    async def _complete(self, generation: Generation, send: Send, identity: NodeIdentity) -> None:
+    async def _complete(self, generation: Generation, send: Send, serving: Serving) -> None:
+        identity = serving.identity
         result = await collect(generation)
-        self._record(result, self._shaper(generation, identity))
+        _record(serving.outcomes, result, self._shaper(generation, identity))
         if isinstance(result, Failed) and result.client_error:
             return await self._error(send, 400, result.message, code="unsupported_schema")
         if isinstance(result, Failed):
@@ -276,8 +301,8 @@ class NodeApp:
         completion = self._shaper(generation, identity).completion(result)
         await send_json(send, 200, completion, self.headers)
 
-    async def _stream(self, generation: Generation, send: Send, identity: NodeIdentity) -> None:
-        shaper = self._shaper(generation, identity)
+    async def _stream(self, generation: Generation, send: Send, serving: Serving) -> None:
+        shaper = self._shaper(generation, serving.identity)
         await send_start(
             send, 200, "text/event-stream", {**self.headers, "cache-control": "no-cache"}
         )
@@ -292,23 +317,15 @@ class NodeApp:
                 for chunk in shaper.delta_chunks(event):
                     await emit(sse(chunk))
             elif isinstance(event, Finished):
-                self._record(event, shaper)
+                _record(serving.outcomes, event, shaper)
                 for chunk in shaper.final_chunks(event):
                     await emit(sse(chunk))
                 break
             elif isinstance(event, Failed):
-                self._record(event, shaper)
+                _record(serving.outcomes, event, shaper)
                 await emit(sse(_failure_body(event)))
                 break
         await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
-
-    def _record(self, result: Finished | Failed, shaper: CompletionShaper) -> None:
-        if isinstance(result, Failed):
-            self.outcomes.record(failed=not result.client_error)
-            return
-        self.outcomes.record(
-            ttft_ms=result.timings.get("ttft_ms"), tool_broken=shaper.tool_call_broken(result.text)
-        )
 
     # Package switch ---------------------------------------------------------------------
 
@@ -382,15 +399,16 @@ class NodeApp:
         state: str | None,
     ) -> None:
         method, session_id = scope["method"], sid
-        if not self.engine.ready.is_set():
+        engine, identity = self.engine, self.identity  # one package, whatever a switch does
+        if not engine.ready.is_set():
             return await self._error(
                 send, 503, "the model is still loading", code="loading", retry=True
             )
-        table = self.engine.table
+        table = engine.table
         try:
             if method == "GET" and not state:
                 where = await self._on_engine(
-                    lambda: table.locate(session_id, self.engine.kv_bytes_per_token)
+                    engine, lambda: table.locate(session_id, engine.kv_bytes_per_token)
                 )
                 if where is None:
                     return await self._error(
@@ -398,17 +416,17 @@ class NodeApp:
                     )
                 return await send_json(send, 200, {"session_id": session_id, **where}, self.headers)
             if method == "GET" and state:
-                entry = await self._on_engine(lambda: table.export(session_id))
+                entry = await self._on_engine(engine, lambda: table.export(session_id))
                 if entry is None:
                     return await self._error(
                         send, 404, f"no KV held for session {session_id!r}", code="unknown_session"
                     )
-                blob = pack_state(entry, model_sha256=self.identity.model_sha256)
+                blob = pack_state(entry, model_sha256=identity.model_sha256)
                 return await send_bytes(send, 200, blob, "application/octet-stream", self.headers)
             if method == "PUT" and state:
-                return await self._import(session_id, receive, send)
+                return await self._import(session_id, receive, send, engine, identity)
             if method == "DELETE" and not state:
-                found = await self._on_engine(lambda: table.erase(session_id))
+                found = await self._on_engine(engine, lambda: table.erase(session_id))
                 return await send_json(
                     send, 200, {"session_id": session_id, "erased": found}, self.headers
                 )
@@ -420,16 +438,18 @@ class NodeApp:
             send, 405, f"{method} is not allowed here", code="method_not_allowed"
         )
 
-    async def _import(self, session_id: str, receive: Receive, send: Send) -> None:
+    async def _import(
+        self, session_id: str, receive: Receive, send: Send, engine: Engine, identity: Any
+    ) -> None:
         try:
             entry, sha = unpack_state(await read_body(receive, STATE_LIMIT))
         except (ValueError, BodyTooLarge) as exc:
             return await self._error(send, 400, str(exc), code="invalid_state")
-        if sha and self.identity.model_sha256 and sha != self.identity.model_sha256:
+        if sha and identity.model_sha256 and sha != identity.model_sha256:
             return await self._error(
                 send, 409, "state was exported from another model", code="model_mismatch"
             )
-        kept = await self._on_engine(lambda: self.engine.table.import_(session_id, entry))
+        kept = await self._on_engine(engine, lambda: engine.table.import_(session_id, entry))
         if not kept:
             return await self._error(
                 send, 507, "state exceeds the host RAM budget", code="over_budget"
@@ -446,8 +466,21 @@ class NodeApp:
             self.headers,
         )
 
-    async def _on_engine(self, fn):
-        return await asyncio.wrap_future(self.engine.call(fn))
+    @staticmethod
+    async def _on_engine(engine: Engine, fn):
+        return await asyncio.wrap_future(engine.call(fn))
+
+
+def _record(outcomes: Outcomes | None, result: Finished | Failed, shaper: CompletionShaper) -> None:
+    """Count a request's outcome for the package that served it (None: a probe, not counted)."""
+    if outcomes is None:
+        return
+    if isinstance(result, Failed):
+        outcomes.record(failed=not result.client_error)
+        return
+    outcomes.record(
+        ttft_ms=result.timings.get("ttft_ms"), tool_broken=shaper.tool_call_broken(result.text)
+    )
 
 
 def _failure_body(failed: Failed) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,14 +128,22 @@ def load_engine(
     return engine
 
 
-def retire(engine: Engine, *, timeout: float = RETIRE_TIMEOUT_S, poll: float = 0.2) -> None:
-    """Stop ``engine`` once nothing runs or waits on it (its last streams end first)."""
+def retire(
+    engine: Engine,
+    *,
+    holding: Callable[[], int] = lambda: 0,
+    timeout: float = RETIRE_TIMEOUT_S,
+    poll: float = 0.2,
+) -> None:
+    """Stop ``engine`` once nothing runs or waits on it and no request holds it (``holding``:
+    requests that captured it, some still rendering their prompt); its last streams end
+    first."""
 
     def wait_then_stop() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             snap = engine.snapshot()
-            if not snap["sequences_active"] and not snap["queue_depth"]:
+            if not snap["sequences_active"] and not snap["queue_depth"] and not holding():
                 break
             time.sleep(poll)
         engine.stop()

@@ -249,3 +249,71 @@ def test_a_standby_node_surges_onto_the_new_version_first_and_is_spare_again_aft
         Node.objects.get(node_id="n3").weight == 0.0
         and Node.objects.get(node_id="n3").package == new
     )
+
+
+def test_a_bake_that_finds_the_new_version_failing_more_rolls_back(fleet, packages):
+    old, new = packages
+    counters: dict[str, int] = {}
+
+    def busy_scrape():
+        """Traffic on every node; on the new version one request in three fails."""
+        for node in Node.objects.all():
+            n = counters[node.node_id] = counters.get(node.node_id, 0) + 6
+            failing = fleet.serving[node.node_id] == new.sha256
+            node.state = "up" if node.state == "unknown" else node.state
+            node.last_probe_at = timezone.now()
+            node.last_seen_load = {
+                "active": 0,
+                "queue": 0,
+                "requests": n,
+                "failed": n // 3 if failing else 0,
+                "tool_parse_failures": 0,
+                "ttft_p95": 0.4,
+            }
+            node.save()
+
+    upgrade = services.upgrade_start(
+        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 0}
+    )
+    for _ in range(100):
+        busy_scrape()
+        driver.upgrades_tick()
+        row = Upgrade.objects.get(pk=upgrade.pk)
+        if row.finished:
+            break
+    assert row.state == "rolled_back"
+    assert row.reason.startswith("bake of batch 1: error rate 33.3% (new) against 0.0% (old)")
+    failed = [g for g in row.gates if not g["passed"]]
+    assert [g["gate"] for g in failed] == ["error_rate"]
+    assert all(n.package == old for n in Node.objects.all())
+    assert set(fleet.serving.values()) == {old.sha256}
+
+
+def test_a_failure_found_while_an_operator_paused_still_rolls_back(fleet, packages, monkeypatch):
+    old, new = packages
+    fleet.broken.add(new.sha256)
+    upgrade = services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)
+    smoke = driver.smoke_test
+
+    def paused_during_the_smoke_test(http):
+        services.upgrade_pause(upgrade_id=upgrade.pk)
+        return smoke(http)
+
+    monkeypatch.setattr(driver, "smoke_test", paused_during_the_smoke_test)
+    for _ in range(10):
+        scrape()
+        driver.upgrades_tick()
+        row = Upgrade.objects.get(pk=upgrade.pk)
+        if row.state != "running":
+            break
+    assert row.state == "rolling_back" and row.new_share == 0.0
+    assert row.reason.startswith("smoke: n1")
+    monkeypatch.setattr(driver, "smoke_test", smoke)
+    assert run_to_end(upgrade).state == "rolled_back"
+
+
+def test_a_down_node_is_named_before_anything_moves(fleet, packages):
+    old, new = packages
+    Node.objects.filter(node_id="n2").update(state="down")
+    with pytest.raises(Conflict, match="n2 is down: bring it back or remove it"):
+        services.upgrade_start(from_package_id=old.pk, to_package_id=new.pk)

@@ -79,3 +79,11 @@ def test_the_routing_table_counts_a_turn_served_by_another_version():
     assert turn("s2", Rollout(old.pk, new.pk, 1.0)) == "b"
     assert SessionRoute.objects.get(session_id="s2").version_changes == 0
     assert (timezone.now() - route.last_seen_at) < timedelta(seconds=5)
+
+
+def test_a_version_whose_nodes_are_all_full_is_a_preference_not_a_wall():
+    from dataclasses import replace
+
+    full_old = replace(view("old-1", 1), sessions=2, max_sessions=2)
+    nodes = [full_old, view("new-1", 2, load=0.5)]
+    assert route_request(nodes, model=M, version=1).node_id == "new-1"

@@ -79,15 +79,16 @@ def test_a_file_that_is_not_what_was_announced_is_not_loaded(node, other_gguf) -
 def test_a_stream_started_before_the_switch_ends_on_the_old_package(node, other_gguf) -> None:
     path, sha = other_gguf
     events: list[dict] = []
+    ended: list[float] = []
     done = threading.Event()
 
     def stream() -> None:
         body = {
             "model": OLD,
             "stream": True,
-            "max_tokens": 160,
+            "max_tokens": 800,
             "temperature": 0,
-            "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+            "messages": [{"role": "user", "content": "Repeat the word hello a thousand times."}],
         }
         with httpx.stream(
             "POST", f"{node.url}/v1/chat/completions", json=body, headers=node.headers, timeout=300
@@ -97,6 +98,7 @@ def test_a_stream_started_before_the_switch_ends_on_the_old_package(node, other_
                 if line.startswith("data: ") and line != "data: [DONE]":
                     events.append(json.loads(line[6:]))
                 elif line == "data: [DONE]":
+                    ended.append(time.time())
                     done.set()
 
     reader = threading.Thread(target=stream)
@@ -110,6 +112,7 @@ def test_a_stream_started_before_the_switch_ends_on_the_old_package(node, other_
     state = until_switch_ends(node)
     reader.join(timeout=300)
     assert done.is_set() and state["switch"]["state"] == "done"
+    assert ended[0] > state["switch"]["finished_at"]  # it was still streaming at the swap
     assert all(e["model"] == OLD for e in events)
     finishes = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
     assert finishes in (["length"], ["stop"])  # it ended normally, once
