@@ -67,10 +67,10 @@ def array(tmp_path_factory):
         for url in nodes:
             wait_healthy(url, proc)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60  # the control loop marks the nodes up
+        deadline = time.monotonic() + 90  # the control loop marks both nodes up, with a load
         while time.monotonic() < deadline:
-            models = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
-            if models.status_code == 200 and models.json()["data"]:
+            listed = httpx.get(f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"})
+            if listed.status_code == 200 and [n["state"] for n in listed.json()] == ["up", "up"]:
                 break
             time.sleep(0.5)
         yield {"base": base, "port": port, "nodes": nodes, "proc": proc}
