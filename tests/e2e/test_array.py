@@ -106,7 +106,23 @@ def test_it_keeps_a_session_on_one_node_and_reuses_its_kv(array) -> None:
     )
 
 
+def both_nodes_measured(array, timeout: float = 90.0) -> None:
+    """Wait until both nodes are up with a load from a recent probe: routing never takes a node
+    whose load it does not know for idle, so a node whose last probe timed out (a busy
+    machine) draws no new session until it is measured again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = httpx.get(
+            f"{array['base']}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}
+        ).json()
+        if all(n["state"] == "up" and n["load"] is not None for n in nodes):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"both nodes were not up and measured: {nodes}")
+
+
 def test_it_spreads_new_sessions_over_both_nodes(array) -> None:
+    both_nodes_measured(array)
     seen = {
         turn(array, f"e2e-spread-{i}", [{"role": "user", "content": "Hi"}])[0] for i in range(4)
     }
