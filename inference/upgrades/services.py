@@ -105,25 +105,7 @@ def upgrade_start(
         )
     if Upgrade.objects.select_for_update().filter(model=model, state__in=ACTIVE).exists():
         raise Conflict(f"An upgrade of {model!r} is under way.", code="upgrade_exists")
-    pinned = _pinned_counts([n.pk for n in nodes])
-    drained = {n.node_id for n in nodes if n.state == Node.State.DRAINING}
-    standby = {n.node_id for n in nodes if n.weight == 0}
-    batches = plan.plan_batches(
-        {n.node_id: pinned.get(n.pk, 0) for n in nodes}, standby, int(chosen["max_unavailable"])
-    )
-    steps = [
-        {
-            "node_id": node_id,
-            "batch": number,
-            "state": "waiting",
-            "since": timezone.now().isoformat(),
-            "detail": "",
-            "was_draining": node_id in drained,
-            "surge": surge,
-        }
-        for number, (batch, surge) in enumerate(batches)
-        for node_id in batch
-    ]
+    steps = _plan_steps(nodes, int(chosen["max_unavailable"]))
     upgrade = Upgrade.objects.create(
         model=model,
         from_package=old,
@@ -141,6 +123,31 @@ def upgrade_start(
         + [f"{k}: {v:g}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
     )
     return upgrade
+
+
+def _plan_steps(nodes: list[Node], max_unavailable: int) -> list[dict[str, Any]]:
+    """The plan's node steps: standby nodes first as a surge, then the serving ones emptiest
+    first in batches (``plan.plan_batches``), each ``waiting``."""
+    pinned = _pinned_counts([n.pk for n in nodes])
+    drained = {n.node_id for n in nodes if n.state == Node.State.DRAINING}
+    standby = {n.node_id for n in nodes if n.weight == 0}
+    batches = plan.plan_batches(
+        {n.node_id: pinned.get(n.pk, 0) for n in nodes}, standby, max_unavailable
+    )
+    steps = [
+        {
+            "node_id": node_id,
+            "batch": number,
+            "state": "waiting",
+            "since": timezone.now().isoformat(),
+            "detail": "",
+            "was_draining": node_id in drained,
+            "surge": surge,
+        }
+        for number, (batch, surge) in enumerate(batches)
+        for node_id in batch
+    ]
+    return steps
 
 
 def _checked_node_settings(given: dict[str, Any] | None) -> dict[str, int]:
