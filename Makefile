@@ -18,10 +18,12 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 run: install
+	@command -v lspci >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pciutils >/dev/null) || true
 	$(PY) manage.py up --nodes $(NODES) --port $(PORT)
 
+# Debian's chromium (browser tests) and pciutils (lspci: device validation's accelerator list)
 browser:
-	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	@(command -v chromium && command -v lspci) >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium pciutils >/dev/null)
 
 test: install browser
 	$(PY) manage.py check

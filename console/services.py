@@ -12,17 +12,26 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from console.audit import audit_record, diff
+from console.audit import audit_record, current_actor, diff
 from console.errors import Conflict, Invalid, NotFound
 from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services
 from inference.models import ApiToken, ModelPackage
 from inference.packages import services as package_services
+from nodes import device_validation
 from nodes import services as node_services
-from nodes.models import Node, NodeEvent
+from nodes.models import Node, NodeEvent, ValidationRun
 
-NODE_FIELDS = ("address", "package_id", "weight", "affinity", "cpu_set", "threads")
+NODE_FIELDS = (
+    "address",
+    "package_id",
+    "weight",
+    "affinity",
+    "cpu_set",
+    "threads",
+    "weight_measured",
+)
 
 
 def invalid_from(exc: ValidationError) -> Invalid:
@@ -120,6 +129,7 @@ def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
         threads=draft.threads,
         weight=draft.weight,
         affinity=draft.affinity,
+        weight_measured=draft.weight_measured,
     )
     live_node_changed(node_id=node_id)
     after = _node(node_id)
@@ -155,6 +165,35 @@ def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
             changes=diff({"state": before}, {"state": after}),
         )
     return event
+
+
+def node_validate(*, node_id: str) -> ValidationRun:
+    """Validate a node now ("validate now"): queue a run, or return the one under way. The node
+    takes no traffic until it ends (docs/validation.md). Raises ``NotFound``."""
+    _node(node_id)
+    run = device_validation.validation_request(
+        node_id=node_id, trigger=ValidationRun.Trigger.DEMAND, requested_by=current_actor()
+    )
+    audit_record(action="node.validate", target=node_id, changes=[f"run {run.pk}"])
+    return run
+
+
+def node_waive_validation(*, node_id: str, reason: str) -> Node:
+    """Let a node take traffic without passing validation, saying why (an external server that
+    cannot validate). Raises ``NotFound``, ``Invalid`` (no reason)."""
+    before = _node(node_id).validation
+    try:
+        node = device_validation.validation_waive(
+            node_id=node_id, reason=reason, by=current_actor()
+        )
+    except ValueError as exc:
+        raise Invalid(f"reason: {exc}.", field="reason") from exc
+    audit_record(
+        action="node.waive_validation",
+        target=node_id,
+        changes=diff({"validation": before}, {"validation": node.validation}) + [reason[:200]],
+    )
+    return node
 
 
 # --- tokens ---------------------------------------------------------------------------------

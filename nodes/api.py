@@ -35,6 +35,16 @@ class NodeOut(Schema):
     load: float | None
     last_seen_load: dict | None
     sessions: int = Field(0, description="sessions pinned to it")
+    validation: str = Field(
+        "pending",
+        description="device validation: pending, validating, passed, warned, failed, waived",
+    )
+    validation_reason: str = ""
+    measured_speed: float | None = Field(
+        None, description="decode tok/s at 8 sequences over the pool's median"
+    )
+    weight_measured: bool = Field(True, description="routing weight = weight × measured speed")
+    routing_weight: float = 1.0
     updated_at: datetime
 
 
@@ -57,6 +67,7 @@ class NodePatchIn(Schema):
     affinity: bool | None = None
     cpu_set: str | None = None
     threads: int | None = None
+    weight_measured: bool | None = None
 
 
 class NodeEventOut(Schema):
@@ -96,6 +107,11 @@ def _schema(node: Node) -> NodeOut:
         load=node.load,
         last_seen_load=node.last_seen_load,
         sessions=getattr(node, "pinned", 0),
+        validation=node.validation,
+        validation_reason=node.validation_reason,
+        measured_speed=node.measured_speed,
+        weight_measured=node.weight_measured,
+        routing_weight=node.routing_weight,
         updated_at=node.updated_at,
     )
 

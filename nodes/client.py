@@ -43,6 +43,7 @@ class ProbeResult:
     status: str
     error: str = ""
     load: dict[str, Any] | None = field(default=None)
+    device: dict[str, Any] | None = field(default=None)  # /health's "device" block, if any
 
 
 def _client() -> httpx.Client:
@@ -83,7 +84,18 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
         )
     except httpx.TransportError:
         load = None
-    return ProbeResult(True, "ok", "", load)
+    return ProbeResult(True, "ok", "", load, _device_block(response))
+
+
+def _device_block(health: httpx.Response) -> dict[str, Any] | None:
+    """What ``/health`` says of the node's devices (``{"instance", "fingerprint",
+    "validation"}``), None when it says nothing (an external server)."""
+    try:
+        body = health.json()
+    except ValueError:
+        return None
+    device = body.get("device") if isinstance(body, dict) else None
+    return device if isinstance(device, dict) and device.get("instance") else None
 
 
 def _stranger(health: httpx.Response, node_id: str) -> str:
@@ -304,6 +316,45 @@ def package_state(address: str, *, node_id: str, timeout: float = 5.0) -> dict[s
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
+
+
+class ValidationUnsupported(Exception):
+    """The node does not speak device validation (404: an external server)."""
+
+
+class ValidationBusy(Exception):
+    """The node runs another validation (409)."""
+
+
+def validation_start(
+    address: str, *, node_id: str, run: str, timeout: float = 5.0
+) -> dict[str, Any]:
+    """``POST /validation``: start run ``run`` on the node (nodes/agent/validation.py); returns
+    its state. Raises ``ValidationUnsupported`` (404), ``ValidationBusy`` (409),
+    ``httpx.HTTPError`` on network trouble or another status."""
+    response = _client().post(
+        f"http://{address}/validation",
+        json={"run": run},
+        headers=node_auth_headers(node_id),
+        timeout=timeout,
+    )
+    if response.status_code == 404:
+        raise ValidationUnsupported(_error_message(response))
+    if response.status_code == 409:
+        raise ValidationBusy(_error_message(response))
+    response.raise_for_status()
+    return response.json()
+
+
+def validation_state(address: str, *, node_id: str, timeout: float = 5.0) -> dict[str, Any]:
+    """``GET /validation``: the node's last run (``run``, ``state``, ``phase``, ``progress``,
+    ``report``, ``error``, ``instance``). Raises ``httpx.HTTPError`` (network trouble, another
+    status) or ``ValueError`` (not JSON)."""
+    response = _client().get(
+        f"http://{address}/validation", headers=node_auth_headers(node_id), timeout=timeout
+    )
+    response.raise_for_status()
+    return response.json()
 
 
 def node_http(address: str, *, node_id: str, timeout: float) -> httpx.Client:

@@ -20,6 +20,7 @@ from inference.models import RoutingPolicy
 from inference.services import routes_release_idle
 from nodes import client as node_client
 from nodes import services
+from nodes.device_validation import validation_note_probe
 from nodes.models import Node, NodeEvent
 
 
@@ -99,6 +100,8 @@ class ControlLoop:
                 )
             except Node.DoesNotExist:
                 continue  # removed while we probed
+            if result.ok:
+                validation_note_probe(node_id=node.node_id, device=result.device)
             if event is not None:
                 log.info("%s: %s (%s)", node.node_id, event.get_kind_display(), event.message)
                 events.append(event)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.core.validators import MinValueValidator, RegexValidator
@@ -14,6 +15,14 @@ address_validator = RegexValidator(
 cpu_set_validator = RegexValidator(
     r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$", "CPU set is a CPU list such as 0, 0-3 or 0,2."
 )
+
+
+def effective_weight(weight: float, measured_speed: float | None, measured: bool) -> float:
+    """The weight routing uses: the operator's ``weight`` times the node's measured speed
+    relative to its pool when ``measured`` (``weight`` alone otherwise or when unmeasured)."""
+    if measured and measured_speed:
+        return round(weight * measured_speed, 3)
+    return weight
 
 
 class Node(models.Model):
@@ -73,6 +82,37 @@ class Node(models.Model):
     kv_budget_tokens = models.PositiveIntegerField(
         default=0, help_text="KV tokens new sessions may fill (0: the node's own capacity)."
     )
+    validation = models.CharField(
+        max_length=16,
+        choices=[
+            ("pending", "Pending"),
+            ("validating", "Validating"),
+            ("passed", "Passed"),
+            ("warned", "Passed with warnings"),
+            ("failed", "Failed"),
+            ("waived", "Waived by an operator"),
+        ],
+        default="pending",
+        help_text="Device validation: only passed, warned or waived nodes take traffic.",
+    )
+    validation_reason = models.TextField(blank=True, default="")
+    device_instance = models.CharField(
+        max_length=64, blank=True, default="", help_text="The agent process last validated."
+    )
+    device_fingerprint = models.CharField(
+        max_length=64, blank=True, default="", help_text="Its inventory's fingerprint then."
+    )
+    measured_speed = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Decode tokens/s at 8 sequences over the pool's median (same package), "
+        "from the last validation.",
+    )
+    weight_measured = models.BooleanField(
+        default=True,
+        help_text="Route by weight × measured speed (off: by weight alone, the operator's "
+        "override).",
+    )
     consecutive_failures = models.PositiveIntegerField(default=0)
     consecutive_successes = models.PositiveIntegerField(default=0)
     last_canary_at = models.DateTimeField(null=True, blank=True)
@@ -101,6 +141,18 @@ class Node(models.Model):
             return self.served_name
         return self.package.name if self.package_id else None
 
+    ROUTABLE_VALIDATIONS = ("passed", "warned", "waived")
+
+    @property
+    def validated(self) -> bool:
+        """True when device validation lets the node take traffic."""
+        return self.validation in self.ROUTABLE_VALIDATIONS
+
+    @property
+    def routing_weight(self) -> float:
+        """``weight``, times ``measured_speed`` when measured and ``weight_measured``."""
+        return effective_weight(self.weight, self.measured_speed, self.weight_measured)
+
     @property
     def load(self) -> float | None:
         """Last load figure from metrics, or None when unknown."""
@@ -121,6 +173,7 @@ class NodeEvent(models.Model):
         REGISTERED = "registered", "Registered"
         RESTARTED = "restarted", "Restarted"
         SWITCHED = "switched", "Switched package"
+        VALIDATION = "validation", "Validation"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -132,3 +185,71 @@ class NodeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.node_id}: {self.get_kind_display()}"
+
+
+def _new_token() -> str:
+    return uuid.uuid4().hex
+
+
+class ValidationRun(models.Model):
+    """One device validation of a node: a job the control loop advances (queued -> running ->
+    passed | warned | failed | error). The node collects its inventory and runs its benchmarks;
+    the control plane applies the compatibility matrix (``nodes.devices.matrix``) and compares
+    the inventory with the previous run's (``changes``). ``error``: the run itself could not
+    finish (node unreachable, restarted, a benchmark failed)."""
+
+    class Trigger(models.TextChoices):
+        START = "start", "Agent started"
+        CHANGE = "change", "Inventory changed"
+        DEMAND = "demand", "On demand"
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        PASSED = "passed", "Passed"
+        WARNED = "warned", "Passed with warnings"
+        FAILED = "failed", "Failed"
+        ERROR = "error", "Could not run"
+
+    ENDED = (State.PASSED, State.WARNED, State.FAILED, State.ERROR)
+    STATE_COLOURS = {
+        State.QUEUED: "grey",
+        State.RUNNING: "blue",
+        State.PASSED: "green",
+        State.WARNED: "orange",
+        State.FAILED: "red",
+        State.ERROR: "red",
+    }
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="validation_runs")
+    token = models.CharField(
+        max_length=32, default=_new_token, editable=False, help_text="The run's id on the node."
+    )
+    trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    phase = models.CharField(max_length=64, blank=True, default="")
+    progress = models.FloatField(default=0.0)
+    requested_by = models.CharField(max_length=150, blank=True, default="")
+    node_instance = models.CharField(max_length=64, blank=True, default="")
+    fingerprint = models.CharField(max_length=64, blank=True, default="")
+    inventory = models.JSONField(null=True, blank=True)
+    engine = models.JSONField(null=True, blank=True)
+    bench = models.JSONField(null=True, blank=True)
+    pool = models.JSONField(null=True, blank=True)
+    rules = models.JSONField(default=list, blank=True)
+    changes = models.JSONField(default=list, blank=True)
+    reason = models.TextField(blank=True, default="")
+    seconds = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"validation {self.pk} of {self.node.node_id}: {self.state}"
+
+    @property
+    def ended(self) -> bool:
+        return self.state in self.ENDED

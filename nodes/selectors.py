@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.compiled_sql import CompiledQuery, as_datetime, as_json
 from inference.models import SessionRoute
 from inference.routing import NodeView
-from nodes.models import Node
+from nodes.models import Node, effective_weight
 
 
 def _number(data: Any, key: str) -> float | None:
@@ -80,6 +80,14 @@ class NodeTable:
         return replace(self, views=views)
 
 
+def routing_state(state: str, validation: str) -> str:
+    """The state routing sees: a node that has not passed device validation is
+    ``validating`` or ``failed validation`` whatever its health (routing takes only ``up``)."""
+    if validation in Node.ROUTABLE_VALIDATIONS:
+        return state
+    return "failed validation" if validation == "failed" else "validating"
+
+
 _NODE_FIELDS = (
     "node_id",
     "state",
@@ -93,6 +101,9 @@ _NODE_FIELDS = (
     "last_seen_load",
     "max_sessions",
     "kv_budget_tokens",
+    "validation",
+    "measured_speed",
+    "weight_measured",
 )
 
 
@@ -126,8 +137,10 @@ def nodes_for_routing(
         views.append(
             NodeView(
                 node_id=node_id,
-                state=node["state"],
-                weight=node["weight"],
+                state=routing_state(node["state"], node["validation"]),
+                weight=effective_weight(
+                    node["weight"], node["measured_speed"], bool(node["weight_measured"])
+                ),
                 load=_number(seen, "load"),
                 model=node["served_name"] or node["package__name"],
                 sessions=pinned.counts.get(node_id, 0),

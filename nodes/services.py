@@ -152,10 +152,13 @@ def node_upsert(
     threads: int = 1,
     weight: float = 1.0,
     affinity: bool = True,
+    weight_measured: bool = True,
 ) -> tuple[Node, bool]:
     """Create or update a node by id (idempotent); returns ``(node, created)``.
 
-    Changing a node's address or package resets its state to ``unknown`` until the next probe.
+    Changing a node's address or package resets its state to ``unknown`` until the next probe
+    and its device validation to ``pending`` (unless waived): the control loop validates it
+    again before it takes traffic.
     """
     node = Node.objects.filter(node_id=node_id).first()
     if node is None:
@@ -167,6 +170,7 @@ def node_upsert(
             threads=threads,
             weight=weight,
             affinity=affinity,
+            weight_measured=weight_measured,
         )
         NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
         return node, True
@@ -176,12 +180,15 @@ def node_upsert(
         node.state = Node.State.UNKNOWN if node.state != Node.State.DRAINING else node.state
         node.consecutive_failures = 0
         node.last_seen_load = None
+        if node.validation != "waived":  # another machine or model: prove it again
+            node.validation, node.device_instance = "pending", ""
+            node.validation_reason = "address or package changed: to be validated"
     node.address, node.package_id, node.cpu_set, node.threads = (
         address,
         package_id,
         cpu_set,
         threads,
     )
-    node.weight, node.affinity = weight, affinity
+    node.weight, node.affinity, node.weight_measured = weight, affinity, weight_measured
     node.save()
     return node, False

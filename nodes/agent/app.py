@@ -35,6 +35,7 @@ from nodes.agent.completions import ChatService, CompletionShaper, Generation, c
 from nodes.agent.metrics import prometheus_text
 from nodes.agent.outcomes import Outcomes
 from nodes.agent.switch import SwitchRefused, SwitchRequest, SwitchStatus, load_engine, retire
+from nodes.agent.validation import DeviceValidation, ValidationBusy
 
 JSON_LIMIT = 8 << 20
 STATE_LIMIT = 1 << 30
@@ -60,6 +61,7 @@ ROUTES = (
     Route(re.compile(r"^/slots$"), ("GET",), "_slots", "/slots"),
     Route(re.compile(r"^/v1/models$"), ("GET",), "_models_list", "/v1/models"),
     Route(re.compile(r"^/package$"), ("GET", "PUT"), "_package", "/package"),
+    Route(re.compile(r"^/validation$"), ("GET", "POST"), "_validation", "/validation"),
     Route(re.compile(r"^/v1/chat/completions$"), ("POST",), "_chat", "/v1/chat/completions"),
     Route(
         re.compile(r"^/sessions/(?P<sid>[^/]{1,200})(?P<state>/state)?/?$"),
@@ -100,8 +102,10 @@ class NodeApp:
         engine: Engine,
         service_factory,
         credentials: CredentialCheck,
+        devices: DeviceValidation | None = None,
     ) -> None:
         self.identity = identity
+        self.devices = devices  # device validation (None: this node does not validate)
         self.credentials = credentials
         self.engine = engine
         self._service_factory = service_factory
@@ -210,6 +214,7 @@ class NodeApp:
                 "kv_layout": snap["kv_layout"],
                 "host_ram_budget_bytes": snap["host_ram_budget_bytes"],
                 "chat_template": self._template_status(),
+                "device": self.devices.health() if self.devices else None,
             },
             self.headers,
         )
@@ -386,6 +391,29 @@ class NodeApp:
         self.outcomes = Outcomes()
         status.state, status.finished_at = "done", time.time()
         retire(old)
+
+    # Device validation ------------------------------------------------------------------
+
+    async def _validation(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """POST ``{"run": id}``: start a validation run (202; the same id again answers its
+        state; 409 while another runs). GET: the last run's state, progress and report."""
+        if self.devices is None:
+            return await self._error(
+                send, 404, "this node does not run device validation", code="not_found"
+            )
+        if scope["method"] == "POST":
+            try:
+                body = decode_json(await read_body(receive, JSON_LIMIT))
+                run_id = body.get("run") if isinstance(body, dict) else None
+                task = self.devices.start(str(run_id) if isinstance(run_id, str) else "")
+            except (BadRequest, BodyTooLarge, ValueError) as exc:
+                return await self._error(send, 400, str(exc), code="invalid_validation")
+            except ValidationBusy as exc:
+                return await self._error(send, 409, str(exc), code="validation_busy")
+            return await send_json(send, 202, task.as_dict(), self.headers)
+        task = self.devices.task
+        body = task.as_dict() if task else {"run": None, "state": "none"}
+        return await send_json(send, 200, {**body, "instance": self.devices.instance}, self.headers)
 
     # Sessions ---------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 tick also keeps a utilization sample (``console.utilization.record_sample``) and starts,
 watches and cancels package jobs (``inference.packages.jobs.jobs_tick``). Rolling upgrades
 step in a thread of their own (``inference.upgrades.driver.run``): a smoke test takes seconds
-and must not hold up health checks."""
+and must not hold up health checks; so do device validations (``nodes.device_validation.run``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand
 from console.utilization import record_sample
 from inference.packages.jobs import jobs_shutdown, jobs_tick
 from inference.upgrades import driver as upgrades
+from nodes import device_validation
 from nodes.control import ControlLoop
 
 
@@ -33,6 +34,7 @@ class Command(BaseCommand):
         if options["once"]:
             report = loop.tick()
             upgrades.upgrades_tick()
+            device_validation.validation_step()
             for node_id, status in report.statuses.items():
                 self.stdout.write(f"{node_id}: {status}")
             for event in report.events:
@@ -47,8 +49,13 @@ class Command(BaseCommand):
             target=upgrades.run, args=(loop.stop_event,), name="upgrades", daemon=True
         )
         upgrade_thread.start()
+        validation_thread = threading.Thread(
+            target=device_validation.run, args=(loop.stop_event,), name="validation", daemon=True
+        )
+        validation_thread.start()
         try:
             loop.run()
         finally:
             jobs_shutdown()
             upgrade_thread.join(timeout=30)
+            validation_thread.join(timeout=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import psutil
 from django.core.management.base import BaseCommand, CommandError
@@ -11,6 +12,8 @@ from inference.engine.scheduler import Engine, EngineConfig, default_host_ram_mi
 from nodes.agent.app import NodeApp, NodeIdentity
 from nodes.agent.auth import CredentialCheck, NoCredential
 from nodes.agent.factory import chat_service_for
+from nodes.agent.validation import DeviceValidation
+from nodes.devices.host import host_from_environment
 
 
 def parse_cpu_set(text: str) -> set[int]:
@@ -157,6 +160,11 @@ class Command(BaseCommand):
             chat_service_for,
             credentials,
         )
+        app.devices = DeviceValidation(host_from_environment(), lambda: app.engine)
+        stop_watch = threading.Event()
+        threading.Thread(
+            target=app.devices.watch, args=(stop_watch,), name="device-watch", daemon=True
+        ).start()
         self.stdout.write(f"node {o['id']} serving {package} on http://{host}:{port}", ending="\n")
         self.stdout.flush()
         try:
@@ -167,4 +175,5 @@ class Command(BaseCommand):
                 action_logger=None,
             ).run()
         finally:
+            stop_watch.set()
             engine.stop()

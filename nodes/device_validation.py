@@ -1,0 +1,373 @@
+"""Device validation in the control plane: a node proves itself before it takes traffic.
+
+A run is a ``ValidationRun`` row the control loop advances (``validation_step``, every
+second, on a thread of its own): queued -> running (the node collects its inventory and runs its
+benchmarks, ``nodes/agent/validation.py``) -> passed | warned | failed (the compatibility
+matrix, ``nodes.devices.matrix``, applied here, beside the pool's figures) or error (the run
+could not finish). Runs start when a node is new or its agent restarted (``start``), when its
+inventory's fingerprint changes (``change``, with the diff) and on demand. While a run is open
+the node is ``validating`` and routing gives it no traffic; a pass sets its measured speed
+(decode tokens/s at 8 sequences over the pool's median), which scales its routing weight.
+Every write of a run is conditional on the state it read, so the loop and ``manage.py
+validate`` can both advance one run. See docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import threading
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from console.live import live_node_changed
+from nodes import client as node_client
+from nodes.devices.inventory import diff
+from nodes.devices.matrix import FAIL, Facts, RuleResult, evaluate, overall
+from nodes.models import Node, NodeEvent, ValidationRun
+
+log = logging.getLogger(__name__)
+Run = ValidationRun
+TIMEOUT_S = float(os.environ.get("PHALANX_VALIDATION_TIMEOUT_S", "300"))
+STEP_INTERVAL_S = 1.0
+SPEED_LIMITS = (0.1, 10.0)
+_VERDICT = {"pass": Run.State.PASSED, "warn": Run.State.WARNED, "fail": Run.State.FAILED}
+_NODE_STATUS = {
+    Run.State.PASSED: "passed",
+    Run.State.WARNED: "warned",
+    Run.State.FAILED: "failed",
+    Run.State.ERROR: "failed",
+}
+OPEN = (Run.State.QUEUED, Run.State.RUNNING)
+
+
+class NotValidatable(Exception):
+    """The node cannot be validated now (its message says why)."""
+
+
+def host_key(address: str) -> str:
+    """Which machine an address is on, for one-run-per-machine: every loopback address
+    (127.0.0.0/8, localhost, ::1) is this machine."""
+    host = address.rsplit(":", 1)[0].strip("[]").lower()
+    return "loopback" if host.startswith("127.") or host in ("localhost", "::1") else host
+
+
+def _event(node: Node, message: str) -> None:
+    event = NodeEvent.objects.create(
+        node=node, kind=NodeEvent.Kind.VALIDATION, message=message[:1000]
+    )
+    live_node_changed(node_id=node.node_id, event=event)
+
+
+# Requests ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def validation_request(*, node_id: str, trigger: str, requested_by: str = "") -> ValidationRun:
+    """Queue a validation of ``node_id`` (an open run of the node is returned instead); the node
+    is ``validating`` (no traffic) until it ends. Raises ``Node.DoesNotExist``."""
+    node = Node.objects.select_for_update().get(node_id=node_id)
+    open_run = node.validation_runs.filter(state__in=OPEN).first()
+    if open_run is not None:
+        return open_run
+    run = Run.objects.create(node=node, trigger=trigger, requested_by=requested_by)
+    node.validation = "validating"
+    node.validation_reason = f"run {run.pk} ({run.get_trigger_display().lower()}) under way"
+    node.save(update_fields=["validation", "validation_reason", "updated_at"])
+    _event(node, f"validation {run.pk} queued: {run.get_trigger_display().lower()}")
+    return run
+
+
+def validation_note_probe(*, node_id: str, device: dict[str, Any] | None) -> ValidationRun | None:
+    """What a healthy probe's ``device`` block (``/health``) means for validation: a new node or
+    a restarted agent (another ``instance``) is validated (``start``); an inventory whose
+    fingerprint differs from the last run's is validated again (``change``). A node that says
+    nothing of its devices (an external server) gets one run, which fails and says so, while it
+    is ``pending``. Returns the run it queued, if any."""
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None or node.validation_runs.filter(state__in=OPEN).exists():
+        return None
+    if device is None:
+        if node.validation != "pending":
+            return None
+        run = validation_request(
+            node_id=node_id, trigger=Run.Trigger.START, requested_by="control loop"
+        )
+        _end(run, Run.State.FAILED, rules=[_unsupported()], reason=_unsupported().reason)
+        return run
+    instance, fingerprint = str(device.get("instance") or ""), str(device.get("fingerprint") or "")
+    if node.validation == "pending" or instance != node.device_instance:
+        trigger = Run.Trigger.START
+    elif fingerprint and node.device_fingerprint and fingerprint != node.device_fingerprint:
+        trigger = Run.Trigger.CHANGE
+    else:
+        return None
+    return validation_request(node_id=node_id, trigger=trigger, requested_by="control loop")
+
+
+@transaction.atomic
+def validation_waive(*, node_id: str, reason: str, by: str) -> Node:
+    """Let a node take traffic without a passing validation (an external server that cannot
+    validate, a known warning): ``waived`` with who and why. Raises ``Node.DoesNotExist``,
+    ``ValueError`` for an empty reason."""
+    if not reason.strip():
+        raise ValueError("a reason is required to waive validation")
+    node = Node.objects.select_for_update().get(node_id=node_id)
+    node.validation = "waived"
+    node.validation_reason = f"waived by {by or 'an operator'}: {reason.strip()}"[:2000]
+    node.save(update_fields=["validation", "validation_reason", "updated_at"])
+    _event(node, node.validation_reason)
+    return node
+
+
+# The step -------------------------------------------------------------------------------
+
+
+def validation_step() -> list[ValidationRun]:
+    """Advance every open run once: start queued ones (one running per machine, so runs on
+    one machine do not measure each other) and poll running ones. Returns the open runs."""
+    runs = list(
+        Run.objects.filter(state__in=OPEN).select_related("node").order_by("created_at", "id")
+    )
+    busy = {host_key(r.node.address) for r in runs if r.state == Run.State.RUNNING}
+    for run in runs:
+        if run.state == Run.State.RUNNING:
+            validation_poll(run)
+        elif host_key(run.node.address) not in busy and validation_start(run):
+            busy.add(host_key(run.node.address))
+    return runs
+
+
+def _age_s(since) -> float:
+    return (timezone.now() - since).total_seconds() if since else 0.0
+
+
+def validation_start(run: ValidationRun) -> bool:
+    """Ask the node to start ``run``; True when it runs. An unreachable or busy node is asked
+    again next step, until ``TIMEOUT_S`` after the run was queued."""
+    node = run.node
+    try:
+        node_client.validation_start(node.address, node_id=node.node_id, run=run.token)
+    except node_client.ValidationUnsupported:
+        _end(run, Run.State.FAILED, rules=[_unsupported()], reason=_unsupported().reason)
+        return False
+    except (node_client.ValidationBusy, httpx.HTTPError, ValueError) as exc:
+        if _age_s(run.created_at) > TIMEOUT_S:
+            _end(
+                run,
+                Run.State.ERROR,
+                reason=f"the node did not start the run in {TIMEOUT_S:g} s: {exc}",
+            )
+        return False
+    return bool(
+        Run.objects.filter(pk=run.pk, state=Run.State.QUEUED).update(
+            state=Run.State.RUNNING, started_at=timezone.now(), phase="starting"
+        )
+    )
+
+
+def _unsupported() -> RuleResult:
+    return RuleResult(
+        "protocol",
+        FAIL,
+        "the node does not report its devices (an external OpenAI-compatible server?): "
+        "check it by hand, then waive validation to let it take traffic",
+    )
+
+
+def validation_poll(run: ValidationRun) -> None:
+    """Read the node's progress on ``run``; finish it when the node is done."""
+    node = run.node
+    try:
+        state = node_client.validation_state(node.address, node_id=node.node_id)
+    except (httpx.HTTPError, ValueError) as exc:
+        if _age_s(run.started_at) > TIMEOUT_S:
+            _end(run, Run.State.ERROR, reason=f"no answer from the node: {exc}")
+        return
+    if state.get("run") != run.token:
+        _end(run, Run.State.ERROR, reason="the node no longer knows the run: it restarted")
+    elif state.get("state") == "failed":
+        _end(run, Run.State.ERROR, reason=f"the node could not finish: {state.get('error')}")
+    elif state.get("state") == "done" and isinstance(state.get("report"), dict):
+        validation_finish(run, state["report"])
+    elif _age_s(run.started_at) > TIMEOUT_S:
+        _end(run, Run.State.ERROR, reason=f"not done after {TIMEOUT_S:g} s ({state.get('phase')})")
+    elif (state.get("phase"), state.get("progress")) != (run.phase, run.progress):
+        Run.objects.filter(pk=run.pk, state=Run.State.RUNNING).update(
+            phase=str(state.get("phase") or "")[:64], progress=float(state.get("progress") or 0)
+        )
+
+
+# Verdicts -------------------------------------------------------------------------------
+
+
+def pool_figures(node: Node) -> dict[str, Any]:
+    """Medians of the other nodes serving ``node``'s package, from their last ended runs with
+    figures: ``{"nodes": n, "memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1",
+    "decode_tok_s_8"}`` (None when no other node has one)."""
+    latest = latest_benches(package_id=node.package_id, exclude=node.pk)
+    keys = ("memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1", "decode_tok_s_8")
+    medians = {
+        k: round(statistics.median(v), 2)
+        if (v := [b[k] for b in latest.values() if b.get(k)])
+        else None
+        for k in keys
+    }
+    return {"nodes": len(latest), **medians}
+
+
+def latest_benches(
+    *, package_id: int | None, exclude: int | None = None
+) -> dict[int, dict[str, Any]]:
+    """``{node pk: bench}`` of the last passed or warned run of each node serving
+    ``package_id`` that is validated now."""
+    nodes = Node.objects.filter(package_id=package_id, validation__in=("passed", "warned"))
+    if exclude is not None:
+        nodes = nodes.exclude(pk=exclude)
+    latest: dict[int, dict[str, Any]] = {}
+    for run in (
+        Run.objects.filter(node__in=nodes, state__in=(Run.State.PASSED, Run.State.WARNED))
+        .exclude(bench=None)
+        .order_by("node_id", "-finished_at")
+        .only("node_id", "bench")
+    ):
+        latest.setdefault(run.node_id, run.bench)
+    return latest
+
+
+def validation_finish(run: ValidationRun, report: dict[str, Any]) -> ValidationRun:
+    """Apply the matrix to a finished run's report, compare its inventory with the node's
+    previous run, and set the node's validation (and the pool's measured speeds)."""
+    node = run.node
+    pool = pool_figures(node)
+    facts = Facts(
+        inventory=report.get("inventory") or {},
+        engine=report.get("engine") or {},
+        bench=report.get("bench") or {},
+        pool_decode_tok_s_8=pool.get("decode_tok_s_8"),
+    )
+    results = evaluate(facts)
+    previous = (
+        node.validation_runs.exclude(pk=run.pk)
+        .exclude(inventory=None)
+        .order_by("-created_at")
+        .first()
+    )
+    changes = diff(previous.inventory, facts.inventory) if previous else []
+    state = _VERDICT[overall(results)]
+    findings = [f"{r.rule}: {r.reason}" for r in results if r.status != "pass"]
+    ended = _end(
+        run,
+        state,
+        rules=results,
+        reason="; ".join(findings) or "every rule passes",
+        report=report,
+        pool=pool,
+        changes=changes,
+    )
+    if ended:
+        speeds_refresh(package_id=node.package_id)
+    return run
+
+
+@transaction.atomic
+def _end(
+    run: ValidationRun,
+    state: str,
+    *,
+    reason: str,
+    rules: list[RuleResult] | None = None,
+    report: dict[str, Any] | None = None,
+    pool: dict[str, Any] | None = None,
+    changes: list[dict[str, Any]] | None = None,
+) -> bool:
+    """End ``run`` as ``state`` (only if it is still open) and set its node's validation from
+    it; False when someone else ended it first."""
+    report = report or {}
+    fields = {
+        "state": state,
+        "reason": reason[:4000],
+        "finished_at": timezone.now(),
+        "progress": 1.0,
+        "phase": "",
+        "rules": [r.as_dict() for r in rules or []],
+        "changes": changes or [],
+        "pool": pool,
+        "inventory": report.get("inventory"),
+        "engine": report.get("engine"),
+        "bench": report.get("bench"),
+        "seconds": report.get("seconds"),
+        "node_instance": str(report.get("instance") or "")[:64],
+        "fingerprint": str(report.get("fingerprint") or "")[:64],
+    }
+    if not Run.objects.filter(pk=run.pk, state__in=OPEN).update(**fields):
+        return False
+    for key, value in fields.items():
+        setattr(run, key, value)
+    node = Node.objects.select_for_update().get(pk=run.node_id)
+    node.validation = _NODE_STATUS[state]
+    node.validation_reason = reason[:2000]
+    update = ["validation", "validation_reason", "updated_at"]
+    if report.get("instance"):
+        node.device_instance, node.device_fingerprint = (
+            fields["node_instance"],
+            fields["fingerprint"],
+        )
+        update += ["device_instance", "device_fingerprint"]
+    node.save(update_fields=update)
+    changed = f"; changed since the last run: {len(run.changes)}" if run.changes else ""
+    _event(node, f"validation {run.pk} {run.get_state_display().lower()}{changed}: {reason}")
+    return True
+
+
+def speeds_refresh(*, package_id: int | None) -> dict[str, float]:
+    """Set every validated node of the package's pool to its decode speed at 8 sequences over
+    the pool's median (clamped to 0.1-10); returns ``{node_id: speed}``."""
+    latest = latest_benches(package_id=package_id)
+    figures = {pk: b.get("decode_tok_s_8") for pk, b in latest.items() if b.get("decode_tok_s_8")}
+    if not figures:
+        return {}
+    median = statistics.median(figures.values())
+    low, high = SPEED_LIMITS
+    speeds = {}
+    for node in Node.objects.filter(pk__in=figures):
+        speed = round(min(high, max(low, figures[node.pk] / median)), 3)
+        Node.objects.filter(pk=node.pk).update(measured_speed=speed)
+        speeds[node.node_id] = speed
+    return speeds
+
+
+# The control loop's thread ---------------------------------------------------------------
+
+
+def run(stop: threading.Event, interval_s: float = STEP_INTERVAL_S) -> None:
+    """Step validations every ``interval_s`` until ``stop`` (``manage.py controlloop``)."""
+    while not stop.is_set():
+        try:
+            validation_step()
+        except Exception:  # a bad step (database locked) must not end validation
+            log.exception("validation step failed")
+        finally:
+            close_old_connections()
+        stop.wait(interval_s)
+
+
+def validation_wait(
+    run: ValidationRun, *, timeout_s: float = TIMEOUT_S + 30, on_step=None
+) -> ValidationRun:
+    """Advance ``run`` (and any other open run) until it ends; ``on_step(run)`` after each
+    step. Used by ``manage.py validate``; safe beside the control loop."""
+    deadline = timezone.now() + timedelta(seconds=timeout_s)
+    while True:
+        validation_step()
+        run.refresh_from_db()
+        if on_step is not None:
+            on_step(run)
+        if run.ended or timezone.now() > deadline:
+            return run
+        threading.Event().wait(STEP_INTERVAL_S)

@@ -1,0 +1,374 @@
+"""A node's inventory: what its machine is, read through a ``Host`` (``nodes.devices.host``).
+
+``collect(host)`` returns plain JSON data (shape below); every section that could not be read
+says so (``None``, ``[]`` or a ``status`` other than "ok") instead of raising. ``identity()`` is
+the part whose change means the node must prove itself again (firmware, modules, kernel, CPU,
+budget, accelerators, llama.cpp's build); ``diff()`` lists what changed between two identities.
+
+Shape of ``collect()``::
+
+    {"cpu": {"model", "arch", "flags": [str], "logical", "physical", "microcode"},
+     "cpu_budget": {"affinity": [int] | None, "cgroup_cpus": float | None,
+                    "cgroup_source": str | None, "cpus": float | None},
+     "numa": [{"node": int, "cpus": [int], "memory_bytes": int | None}],
+     "memory": {"total": bytes, "available": bytes}, "hugepages": {"total", "free", "size_kib"},
+     "llama": {"text": str | None, "features": {"AVX2": "1", ...}, "backends": [str]},
+     "accelerators": {"lspci": {"status", "detail"}, "pci": [{"slot", "class", "class_code",
+                      "vendor_id", "device_id", "name"}], "drm": [{"card", "vendor_id",
+                      "device_id", "driver"}], "nvidia_smi": {"status", "detail", "gpus": [...]}},
+     "modules": {"status": "ok" | "unknown", "loaded": {name: version}},
+     "firmware": {"bios_vendor", "bios_version", "bios_date", "board_vendor", "board_name",
+                  "product_name"}, "kernel": {"release": str | None},
+     "kernel_errors": {"status", "detail", "count", "lines": [str]}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from nodes.devices.host import Host
+
+DMI_FIELDS = (
+    "bios_vendor",
+    "bios_version",
+    "bios_date",
+    "board_vendor",
+    "board_name",
+    "product_name",
+)
+# modules whose version ``modinfo`` is asked for when /sys/module does not give one
+ACCELERATOR_MODULES = ("nvidia", "amdgpu", "i915", "xe", "habanalabs", "intel_vpu")
+MAX_ERROR_LINES = 20
+
+
+def parse_cpu_list(text: str | None) -> list[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``; [] for None or anything unreadable."""
+    cpus: set[int] = set()
+    for part in (text or "").strip().split(","):
+        if not part:
+            continue
+        try:
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+        except ValueError:
+            return []
+    return sorted(cpus)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(str(text).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(host: Host, path: str) -> str | None:
+    raw = host.read(path)
+    return raw.strip() if raw is not None and raw.strip() else None
+
+
+# CPU --------------------------------------------------------------------------------------
+
+
+def cpu_section(host: Host, info: dict[str, Any]) -> dict[str, Any]:
+    """Model, architecture and flags (py-cpuinfo), logical and physical cores (sysfs
+    topology), microcode revision (``/proc/cpuinfo``)."""
+    logical_dirs = [
+        n for n in host.listdir("/sys/devices/system/cpu") if re.fullmatch(r"cpu\d+", n)
+    ]
+    cores = {
+        _text(host, f"/sys/devices/system/cpu/{n}/topology/core_cpus_list")
+        or _text(host, f"/sys/devices/system/cpu/{n}/topology/thread_siblings_list")
+        for n in logical_dirs
+    }
+    cores.discard(None)
+    microcode = re.search(r"^microcode\s*:\s*(\S+)", host.read("/proc/cpuinfo") or "", re.M)
+    flags = info.get("flags")
+    return {
+        "model": info.get("brand_raw") or None,
+        "arch": info.get("arch_string_raw") or None,
+        "flags": sorted(flags) if isinstance(flags, list) else [],
+        "logical": len(logical_dirs) or _int(info.get("count")),
+        "physical": len(cores) or None,
+        "microcode": microcode.group(1) if microcode else None,
+    }
+
+
+def _cgroup_cpus(host: Host) -> tuple[float | None, str | None]:
+    """The CPU quota of this process's cgroup in CPUs (``cpu.max`` of cgroup v2, else
+    ``cpu.cfs_quota_us / cpu.cfs_period_us`` of v1); ``(None, None)`` when unlimited/unknown."""
+    paths = {}
+    for line in (host.read("/proc/self/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(",") or [""]:
+                paths[controller] = parts[2]
+    v2 = paths.get("", "/")
+    for base in (f"/sys/fs/cgroup{v2}".rstrip("/"), "/sys/fs/cgroup"):
+        quota = (_text(host, f"{base}/cpu.max") or "").split()
+        if len(quota) == 2 and quota[0] != "max" and _int(quota[0]) and _int(quota[1]):
+            return round(int(quota[0]) / int(quota[1]), 2), f"{base}/cpu.max"
+    v1 = paths.get("cpu", "/")
+    for base in (f"/sys/fs/cgroup/cpu{v1}".rstrip("/"), "/sys/fs/cgroup/cpu"):
+        quota_us = _int(_text(host, f"{base}/cpu.cfs_quota_us"))
+        period_us = _int(_text(host, f"{base}/cpu.cfs_period_us"))
+        if quota_us and quota_us > 0 and period_us:
+            return round(quota_us / period_us, 2), f"{base}/cpu.cfs_quota_us"
+    return None, None
+
+
+def cpu_budget_section(host: Host) -> dict[str, Any]:
+    """The CPUs this process can really use: its affinity and its cgroup's quota; ``cpus`` is
+    the smaller of the two (None when neither is known)."""
+    affinity = host.affinity()
+    quota, source = _cgroup_cpus(host)
+    known = [x for x in (len(affinity) if affinity else None, quota) if x is not None]
+    return {
+        "affinity": affinity,
+        "cgroup_cpus": quota,
+        "cgroup_source": source,
+        "cpus": float(min(known)) if known else None,
+    }
+
+
+def numa_section(host: Host) -> list[dict[str, Any]]:
+    """NUMA nodes from ``/sys/devices/system/node``: their CPUs and memory."""
+    nodes = []
+    for name in host.listdir("/sys/devices/system/node"):
+        match = re.fullmatch(r"node(\d+)", name)
+        if not match:
+            continue
+        base = f"/sys/devices/system/node/{name}"
+        total_kib = re.search(r"MemTotal:\s+(\d+)\s*kB", host.read(f"{base}/meminfo") or "")
+        nodes.append(
+            {
+                "node": int(match.group(1)),
+                "cpus": parse_cpu_list(host.read(f"{base}/cpulist")),
+                "memory_bytes": int(total_kib.group(1)) * 1024 if total_kib else None,
+            }
+        )
+    return sorted(nodes, key=lambda n: n["node"])
+
+
+def hugepages_section(host: Host) -> dict[str, Any]:
+    meminfo = host.read("/proc/meminfo") or ""
+
+    def field(name: str) -> int | None:
+        match = re.search(rf"^{name}:\s+(\d+)", meminfo, re.M)
+        return int(match.group(1)) if match else None
+
+    return {
+        "total": field("HugePages_Total"),
+        "free": field("HugePages_Free"),
+        "size_kib": field("Hugepagesize"),
+    }
+
+
+def llama_section(host: Host) -> dict[str, Any]:
+    """llama.cpp's system info: ``features`` as it prints them (``AVX2 = 1``) and the
+    backends it names (``CPU``, ``CUDA``...) before each ``:``."""
+    text = host.llama_system_info()
+    features: dict[str, str] = {}
+    backends: list[str] = []
+    for part in (text or "").split("|"):
+        head, _, tail = part.rpartition(":")
+        if head.strip() and head.strip() not in backends and "=" not in head:
+            backends.append(head.strip())
+        name, eq, value = (tail if head else part).partition("=")
+        if eq and name.strip():
+            features[name.strip()] = value.strip()
+    return {"text": text, "features": features, "backends": backends}
+
+
+# Accelerators ---------------------------------------------------------------------------
+
+_LSPCI = re.compile(
+    r"^(?P<slot>\S+)\s+(?P<cls>[^\[]+?)\s*\[(?P<code>[0-9a-fA-F]{4})\]:\s*(?P<name>.*?)\s*"
+    r"\[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\]"
+)
+ACCELERATOR_CLASSES = ("03", "12")  # display controllers, processing accelerators
+
+
+def parse_lspci(output: str) -> list[dict[str, str]]:
+    """Display controllers and processing accelerators from ``lspci -nn``."""
+    devices = []
+    for line in output.splitlines():
+        match = _LSPCI.match(line.strip())
+        if match and match.group("code")[:2] in ACCELERATOR_CLASSES:
+            devices.append(
+                {
+                    "slot": match.group("slot"),
+                    "class": match.group("cls").strip(),
+                    "class_code": match.group("code").lower(),
+                    "vendor_id": match.group("vendor").lower(),
+                    "device_id": match.group("device").lower(),
+                    "name": match.group("name").strip(),
+                }
+            )
+    return devices
+
+
+def _hex_id(text: str | None) -> str | None:
+    return text.lower().removeprefix("0x") if text else None
+
+
+def drm_section(host: Host) -> list[dict[str, Any]]:
+    """GPUs the kernel set up (``/sys/class/drm/cardN``) with their PCI ids and driver."""
+    cards = []
+    for name in host.listdir("/sys/class/drm"):
+        if not re.fullmatch(r"card\d+", name):
+            continue
+        base = f"/sys/class/drm/{name}/device"
+        driver = re.search(r"^DRIVER=(\S+)", host.read(f"{base}/uevent") or "", re.M)
+        cards.append(
+            {
+                "card": name,
+                "vendor_id": _hex_id(_text(host, f"{base}/vendor")),
+                "device_id": _hex_id(_text(host, f"{base}/device")),
+                "driver": driver.group(1) if driver else None,
+            }
+        )
+    return cards
+
+
+def nvidia_smi_section(host: Host) -> dict[str, Any]:
+    result = host.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    )
+    gpus = []
+    for line in result.output.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            gpus.append({"name": parts[0], "driver_version": parts[1], "memory": parts[2]})
+    return {"status": result.status, "detail": result.detail, "gpus": gpus}
+
+
+def accelerators_section(host: Host) -> dict[str, Any]:
+    lspci = host.run(["lspci", "-nn"])
+    return {
+        "lspci": {"status": lspci.status, "detail": lspci.detail},
+        "pci": parse_lspci(lspci.output),
+        "drm": drm_section(host),
+        "nvidia_smi": nvidia_smi_section(host),
+    }
+
+
+# Kernel, modules, firmware ----------------------------------------------------------------
+
+
+def modules_section(host: Host) -> dict[str, Any]:
+    """Loaded modules (``/proc/modules``) with their version (``/sys/module/NAME/version``,
+    or ``modinfo`` for accelerator drivers); "" when a module has none."""
+    text = host.read("/proc/modules")
+    if text is None:
+        return {"status": "unknown", "detail": "/proc/modules cannot be read", "loaded": {}}
+    loaded: dict[str, str] = {}
+    for line in text.splitlines():
+        name = line.split(" ", 1)[0].strip()
+        if not name:
+            continue
+        version = _text(host, f"/sys/module/{name}/version")
+        if version is None and name in ACCELERATOR_MODULES:
+            info = host.run(["modinfo", "-F", "version", name])
+            version = info.output.strip() or None
+        loaded[name] = version or ""
+    return {"status": "ok", "detail": "", "loaded": loaded}
+
+
+def firmware_section(host: Host) -> dict[str, str | None]:
+    return {name: _text(host, f"/sys/class/dmi/id/{name}") for name in DMI_FIELDS}
+
+
+def kernel_errors_section(host: Host) -> dict[str, Any]:
+    """Kernel messages at level err or worse since boot (``dmesg``); "not permitted" (for
+    instance ``kernel.dmesg_restrict``) is a result, not a failure."""
+    result = host.run(["dmesg", "--level=emerg,alert,crit,err", "--notime"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    return {
+        "status": result.status,
+        "detail": result.detail,
+        "count": len(lines) if result.ok else None,
+        "lines": lines[:MAX_ERROR_LINES],
+    }
+
+
+def collect(host: Host, *, cpu_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole inventory (shape in the module docstring). ``cpu_info``: py-cpuinfo's answer
+    read earlier (it takes about a second; the CPU does not change under a running agent)."""
+    info = cpu_info if cpu_info is not None else host.cpu_info()
+    return {
+        "cpu": cpu_section(host, info),
+        "cpu_budget": cpu_budget_section(host),
+        "numa": numa_section(host),
+        "memory": host.memory(),
+        "hugepages": hugepages_section(host),
+        "llama": llama_section(host),
+        "accelerators": accelerators_section(host),
+        "modules": modules_section(host),
+        "firmware": firmware_section(host),
+        "kernel": {"release": host.kernel_release()},
+        "kernel_errors": kernel_errors_section(host),
+    }
+
+
+# Identity and change -----------------------------------------------------------------------
+
+
+def identity(inventory: dict[str, Any]) -> dict[str, Any]:
+    """What must not change under a validated node without a new validation: CPU, budget,
+    NUMA layout, total memory, hugepages, llama.cpp's build, accelerators and their driver,
+    modules with versions, firmware, kernel release."""
+    accelerators = inventory.get("accelerators") or {}
+    return {
+        "cpu": {k: (inventory.get("cpu") or {}).get(k) for k in ("model", "flags", "microcode")},
+        "cpu_budget": {
+            k: (inventory.get("cpu_budget") or {}).get(k) for k in ("affinity", "cgroup_cpus")
+        },
+        "numa": [n.get("cpus") for n in inventory.get("numa") or []],
+        "memory_total": (inventory.get("memory") or {}).get("total"),
+        "hugepages_total": (inventory.get("hugepages") or {}).get("total"),
+        "llama": (inventory.get("llama") or {}).get("features"),
+        "accelerators": sorted(
+            f"{d.get('vendor_id')}:{d.get('device_id')} {d.get('name')}"
+            for d in accelerators.get("pci") or []
+        ),
+        "gpu_drivers": sorted(
+            g.get("driver_version") or ""
+            for g in (accelerators.get("nvidia_smi") or {}).get("gpus") or []
+        ),
+        "modules": (inventory.get("modules") or {}).get("loaded"),
+        "firmware": inventory.get("firmware"),
+        "kernel": (inventory.get("kernel") or {}).get("release"),
+    }
+
+
+def fingerprint(inventory: dict[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of ``identity(inventory)``."""
+    canonical = json.dumps(identity(inventory), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+    else:
+        out[prefix] = value
+
+
+def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """What changed between two inventories' identities, as ``[{"path": "firmware.bios_version",
+    "before": "1.2", "after": "1.3"}]`` sorted by path (a module that came or went has None on
+    one side)."""
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    _flatten(identity(before), "", old)
+    _flatten(identity(after), "", new)
+    return [
+        {"path": path, "before": old.get(path), "after": new.get(path)}
+        for path in sorted(set(old) | set(new))
+        if old.get(path) != new.get(path)
+    ]
