@@ -9,9 +9,21 @@ NODES ?= 2
 
 .PHONY: run test bench-quick install browser mutation
 
+# llama-cpp-python is built for x86-64-v3 (AVX2, FMA, F16C), not for the build machine
+# (GGML_NATIVE): a CPU can report instruction sets its kernel or hypervisor does not let a
+# process use (AMX tiles here: SIGILL in the first batch), and a wheel built for one machine
+# must run on the next. Built once per version and flags into ~/.cache/phalanx-wheels.
+LLAMA_VERSION := 0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+endif
+WHEELS := $(HOME)/.cache/phalanx-wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	$(PY) -m pip install --quiet --no-index --no-deps --force-reinstall --find-links $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
 	$(PY) -m pip install --quiet -e '.[test,scale,bench]'
 	touch $@
 

@@ -41,7 +41,7 @@ class ControlPlane:
             "nodes, policy = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
             f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
             "for node_id, address in nodes.items():\n"
-            "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
+            "    Node.objects.create(validation='passed', node_id=node_id, address=address, package=pkg, state='up',\n"
             "                        last_probe_at=timezone.now())\n"
             "p = RoutingPolicy.load()\n"
             "for k, v in policy.items(): setattr(p, k, v)\n"

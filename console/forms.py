@@ -19,7 +19,16 @@ class NodeForm(forms.ModelForm):
 
     class Meta:
         model = Node
-        fields = ["node_id", "address", "package", "weight", "affinity", "cpu_set", "threads"]
+        fields = [
+            "node_id",
+            "address",
+            "package",
+            "weight",
+            "weight_measured",
+            "affinity",
+            "cpu_set",
+            "threads",
+        ]
         widgets = {
             "address": forms.TextInput(attrs={"placeholder": "127.0.0.1:9401"}),
             "cpu_set": forms.TextInput(attrs={"placeholder": "0-3"}),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
-from console import upgrade_pages, views
+from console import upgrade_pages, validation_pages, views
 
 app_name = "console"
 
@@ -34,6 +34,18 @@ urlpatterns = [
         "upgrades/<int:upgrade_id>/<slug:action>/",
         upgrade_pages.upgrade_action,
         name="upgrade_action",
+    ),
+    path("validation/", validation_pages.validation, name="validation"),
+    path("validation/<slug:node_id>/", validation_pages.validation_node, name="validation_node"),
+    path(
+        "validation/<slug:node_id>/validate/",
+        validation_pages.validation_start,
+        name="validation_start",
+    ),
+    path(
+        "validation/<slug:node_id>/waive/",
+        validation_pages.validation_waive,
+        name="validation_waive",
     ),
     path("routing/", views.routing, name="routing"),
     path("routing/table/", views.routing_table, name="routing_table"),

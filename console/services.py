@@ -73,6 +73,7 @@ def node_create(
     affinity: bool = True,
     cpu_set: str = "",
     threads: int = 1,
+    weight_measured: bool = True,
 ) -> Node:
     """Register a new node (state ``unknown`` until the control loop probes it).
 
@@ -88,6 +89,7 @@ def node_create(
         affinity=affinity,
         cpu_set=cpu_set,
         threads=threads,
+        weight_measured=weight_measured,
     )
     _check_node(draft)
     node, _ = node_services.node_upsert(
@@ -98,6 +100,7 @@ def node_create(
         threads=threads,
         weight=weight,
         affinity=affinity,
+        weight_measured=weight_measured,
     )
     live_node_changed(node_id=node_id, event=node.events.first())
     audit_record(action="node.create", target=node_id, changes=diff({}, _node_settings(node)))

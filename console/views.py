@@ -53,6 +53,7 @@ NAV = [
     ("nodes", "Nodes"),
     ("packages", "Packages"),
     ("upgrades", "Upgrades"),
+    ("validation", "Validation"),
     ("routing", "Routing"),
     ("utilization", "Utilization"),
     ("playground", "Playground"),

@@ -31,7 +31,27 @@ class FakeNode:
     )
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnects: int = 0
+    # device validation (docs/node-protocol.md): /health's "device" block when set, and the
+    # report a run ends with (None: the node does not validate, 404)
+    device: dict[str, Any] | None = None
+    validation_report: dict[str, Any] | None = None
+    validation_polls: int = 1  # GETs that answer "running" before "done"
+    validation_run: str | None = None
+    validation_gets: int = 0
     server: ThreadingHTTPServer | None = None
+
+    def validation_state(self) -> dict[str, Any]:
+        """``GET /validation``: "running" for ``validation_polls`` GETs, then "done"."""
+        self.validation_gets += 1
+        done = self.validation_gets > self.validation_polls
+        return {
+            "run": self.validation_run,
+            "state": "done" if done else "running",
+            "phase": "" if done else "decode, 8 sequences",
+            "progress": 1.0 if done else 0.6,
+            "report": self.validation_report if done else None,
+            "instance": (self.device or {}).get("instance"),
+        }
 
     @property
     def address(self) -> str:
@@ -62,7 +82,12 @@ class FakeNode:
             def do_GET(self) -> None:
                 if self.path == "/health":
                     status = "ok" if node.health_status == 200 else "loading"
-                    self._json(node.health_status, {"status": status, "node": node.node_id})
+                    health = {"status": status, "node": node.node_id}
+                    if node.device is not None:
+                        health["device"] = node.device
+                    self._json(node.health_status, health)
+                elif self.path == "/validation" and node.validation_report is not None:
+                    self._json(200, node.validation_state())
                 elif self.path == "/metrics":
                     data = node.metrics_text.encode()
                     self.send_response(200)
@@ -76,6 +101,14 @@ class FakeNode:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path == "/validation":
+                    if node.validation_report is None:
+                        self._json(404, {"error": {"message": "no such endpoint"}})
+                    else:
+                        if body.get("run") != node.validation_run:
+                            node.validation_run, node.validation_gets = body.get("run"), 0
+                        self._json(202, {"run": node.validation_run, "state": "running"})
+                    return
                 node.requests.append(
                     {
                         "body": body,
@@ -238,6 +271,19 @@ class HungListener:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
+
+    def validation_state(self) -> dict[str, Any]:
+        """``GET /validation``: "running" for ``validation_polls`` GETs, then "done"."""
+        self.validation_gets += 1
+        done = self.validation_gets > self.validation_polls
+        return {
+            "run": self.validation_run,
+            "state": "done" if done else "running",
+            "phase": "" if done else "decode, 8 sequences",
+            "progress": 1.0 if done else 0.6,
+            "report": self.validation_report if done else None,
+            "instance": (self.device or {}).get("instance"),
+        }
 
     @property
     def address(self) -> str:

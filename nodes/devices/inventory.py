@@ -372,3 +372,116 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
         for path in sorted(set(old) | set(new))
         if old.get(path) != new.get(path)
     ]
+
+
+def _gib(n: Any) -> str:
+    return f"{n / 1024**3:.1f} GiB" if isinstance(n, int | float) else "unknown"
+
+
+def _cpu_lists(cpus: list[int] | None) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    if not cpus:
+        return "unknown"
+    runs: list[str] = []
+    start = prev = cpus[0]
+    for cpu in [*cpus[1:], None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        runs.append(f"{start}-{prev}" if prev != start else str(start))
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(runs)
+
+
+def summary(inventory: dict[str, Any]) -> list[tuple[str, str]]:
+    """The inventory as a person reads it: ``[(label, text)]``, "unknown" where it is."""
+    cpu = inventory.get("cpu") or {}
+    budget = inventory.get("cpu_budget") or {}
+    memory = inventory.get("memory") or {}
+    huge = inventory.get("hugepages") or {}
+    llama = inventory.get("llama") or {}
+    acc = inventory.get("accelerators") or {}
+    modules = inventory.get("modules") or {}
+    errors = inventory.get("kernel_errors") or {}
+    firmware = inventory.get("firmware") or {}
+    simd = [
+        f
+        for f in (
+            "avx2",
+            "avx512f",
+            "avx512_vnni",
+            "avx_vnni",
+            "amx_int8",
+            "asimd",
+            "asimddp",
+            "i8mm",
+            "sve",
+        )
+        if f in (cpu.get("flags") or [])
+    ]
+    on = [name for name, value in (llama.get("features") or {}).items() if value == "1"]
+    gpus = [
+        f"{d.get('name')} [{d.get('vendor_id')}:{d.get('device_id')}]" for d in acc.get("pci") or []
+    ]
+    smi = [
+        f"{g['name']} driver {g['driver_version']}"
+        for g in (acc.get("nvidia_smi") or {}).get("gpus") or []
+    ]
+    bios = " ".join(
+        str(firmware.get(k))
+        for k in ("bios_vendor", "bios_version", "bios_date")
+        if firmware.get(k)
+    )
+    numa = inventory.get("numa") or []
+    return [
+        ("CPU", f"{cpu.get('model') or 'unknown'} ({cpu.get('arch') or '?'})"),
+        ("Cores", f"{cpu.get('physical') or '?'} physical, {cpu.get('logical') or '?'} logical"),
+        ("SIMD", ", ".join(simd) or "none of the ones llama.cpp uses"),
+        (
+            "CPU budget",
+            f"{budget.get('cpus') if budget.get('cpus') is not None else 'unknown'} "
+            f"(affinity {_cpu_lists(budget.get('affinity'))}, cgroup "
+            f"{budget.get('cgroup_cpus') if budget.get('cgroup_cpus') is not None else 'no quota'})",
+        ),
+        (
+            "NUMA",
+            "; ".join(
+                f"node {n['node']}: CPUs {_cpu_lists(n.get('cpus'))}, {_gib(n.get('memory_bytes'))}"
+                for n in numa
+            )
+            or "unknown",
+        ),
+        ("Memory", f"{_gib(memory.get('total'))} total, {_gib(memory.get('available'))} available"),
+        (
+            "Hugepages",
+            f"{huge.get('total') if huge.get('total') is not None else 'unknown'} × {huge.get('size_kib') or '?'} KiB",
+        ),
+        (
+            "llama.cpp",
+            f"{', '.join(llama.get('backends') or []) or 'unknown'}: {', '.join(on) or 'unknown'}",
+        ),
+        (
+            "Accelerators",
+            "; ".join(gpus + smi)
+            or (
+                "none"
+                if (acc.get("lspci") or {}).get("status") == "ok"
+                else f"unknown ({(acc.get('lspci') or {}).get('detail')})"
+            ),
+        ),
+        (
+            "Kernel modules",
+            f"{len(modules.get('loaded') or {})} loaded"
+            if modules.get("status") == "ok"
+            else "unknown (/proc/modules cannot be read)",
+        ),
+        ("Firmware", bios or "unknown (no /sys/class/dmi)"),
+        ("Kernel", str((inventory.get("kernel") or {}).get("release") or "unknown")),
+        (
+            "Kernel errors",
+            f"{errors.get('count')} since boot"
+            if errors.get("status") == "ok"
+            else f"unknown: {errors.get('detail') or errors.get('status')}",
+        ),
+    ]

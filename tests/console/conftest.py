@@ -35,7 +35,11 @@ def package(db) -> ModelPackage:
 @pytest.fixture
 def node(db, package) -> Node:
     return Node.objects.create(
-        node_id="node-01", address="127.0.0.1:9401", package=package, state=Node.State.UP
+        validation="passed",
+        node_id="node-01",
+        address="127.0.0.1:9401",
+        package=package,
+        state=Node.State.UP,
     )
 
 

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.django_db
 def node() -> Node:
     package = ModelPackage.objects.create(name="m", version="1", gguf_path="x", sha256="")
     return Node.objects.create(
+        validation="passed",
         node_id="n1",
         address="127.0.0.1:9",
         package=package,

@@ -103,6 +103,7 @@ def test_it_is_a_backup_of_every_policy_field_and_node_setting():
     assert set(NON_DEFAULT_POLICY) == editable, "a new policy field needs a value here"
     RoutingPolicy.objects.filter(pk=RoutingPolicy.load().pk).update(**NON_DEFAULT_POLICY)
     Node.objects.create(
+        validation="passed",
         node_id="node-05",
         address="127.0.0.5:8005",
         package=package,
@@ -156,7 +157,7 @@ def test_a_policy_value_out_of_bounds_names_its_line():
 
 def test_it_updates_and_prunes():
     apply_config_text(ISSUE_EXAMPLE)
-    Node.objects.create(node_id="extra", address="127.0.0.13:1")
+    Node.objects.create(validation="passed", node_id="extra", address="127.0.0.13:1")
     changed = ISSUE_EXAMPLE.replace("127.0.0.12:9391, weight: 10", "127.0.0.12:9391, weight: 3")
     kept = apply_config_text(changed)
     assert kept.updated == ["node-02"] and Node.objects.filter(node_id="extra").exists()

@@ -40,7 +40,9 @@ def fake(transactional_db):
     cache.clear()
     node = FakeNode("node-01", metrics_text=METRICS).start()
     package = ModelPackage.objects.create(name="m", version="1", gguf_path="/x", sha256="0" * 64)
-    Node.objects.create(node_id="node-01", address=node.address, package=package, state="up")
+    Node.objects.create(
+        validation="passed", node_id="node-01", address=node.address, package=package, state="up"
+    )
     yield node
     node.stop()
     cache.clear()
@@ -157,7 +159,9 @@ async def test_it_relays_events_from_another_process_through_redis(fake, token):
 def fake_node_for_history(transactional_db):
     cache.clear()
     node = FakeNode("node-h", metrics_text=METRICS).start()
-    Node.objects.create(node_id="node-h", address=node.address, state=Node.State.UP)
+    Node.objects.create(
+        validation="passed", node_id="node-h", address=node.address, state=Node.State.UP
+    )
     yield node
     node.stop()
 

@@ -44,6 +44,7 @@ def add_node(
     state: str = Node.State.UP,
 ) -> Node:
     return Node.objects.create(
+        validation="passed",
         node_id=node_id,
         address=address,
         package=package,

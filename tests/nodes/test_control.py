@@ -29,7 +29,9 @@ def fake(package):
 
 
 def test_it_marks_an_answering_node_up_with_its_load(fake, package):
-    Node.objects.create(node_id="node-01", address=fake.address, package=package)
+    Node.objects.create(
+        validation="passed", node_id="node-01", address=fake.address, package=package
+    )
     report = ControlLoop().tick()
     node = Node.objects.get()
     assert report.statuses == {"node-01": "ok"}
@@ -41,6 +43,7 @@ def test_it_marks_an_answering_node_up_with_its_load(fake, package):
 
 def test_it_marks_a_node_down_after_the_failure_threshold(package):
     Node.objects.create(
+        validation="passed",
         node_id="node-01",
         address=refused_address(),
         package=package,
@@ -61,6 +64,7 @@ def test_it_marks_a_node_down_after_the_failure_threshold(package):
 
 def test_it_brings_a_down_node_back_after_the_recovery_threshold(fake, package):
     Node.objects.create(
+        validation="passed",
         node_id="node-01",
         address=fake.address,
         package=package,
@@ -79,7 +83,11 @@ def test_it_brings_a_down_node_back_after_the_recovery_threshold(fake, package):
 
 def test_it_does_not_bring_back_a_node_that_flaps(package):
     node = Node.objects.create(
-        node_id="node-01", address="127.0.0.1:1", package=package, state=Node.State.DOWN
+        validation="passed",
+        node_id="node-01",
+        address="127.0.0.1:1",
+        package=package,
+        state=Node.State.DOWN,
     )
     good, bad = ProbeResult(True, "ok", load={"load": 0.1}), ProbeResult(False, "timeout", "x")
     for result in (good, bad, good, bad, good):
@@ -95,6 +103,7 @@ def test_it_sends_a_canary_to_an_idle_node_and_counts_its_failure(fake, package)
     policy.canary_idle_s, policy.failure_threshold = 1.0, 1
     policy.save()
     Node.objects.create(
+        validation="passed",
         node_id="node-01",
         address=fake.address,
         package=package,
@@ -118,6 +127,7 @@ def test_it_sends_no_canary_to_a_busy_node(fake, package):
     policy.canary_idle_s = 1.0
     policy.save()
     Node.objects.create(
+        validation="passed",
         node_id="node-01",
         address=fake.address,
         package=package,
@@ -135,7 +145,11 @@ def test_it_detects_a_hung_node_by_timeout(package):
     hung = HungListener()
     try:
         Node.objects.create(
-            node_id="node-01", address=hung.address, package=package, state=Node.State.UP
+            validation="passed",
+            node_id="node-01",
+            address=hung.address,
+            package=package,
+            state=Node.State.UP,
         )
         report = ControlLoop().tick()
     finally:
@@ -146,7 +160,9 @@ def test_it_detects_a_hung_node_by_timeout(package):
 
 def test_it_counts_a_loading_node_as_not_ready(fake, package):
     fake.health_status = 503
-    Node.objects.create(node_id="node-01", address=fake.address, package=package)
+    Node.objects.create(
+        validation="passed", node_id="node-01", address=fake.address, package=package
+    )
     report = ControlLoop().tick()
     assert report.statuses == {"node-01": "loading"}
     assert Node.objects.get().state == Node.State.UNKNOWN
@@ -154,7 +170,11 @@ def test_it_counts_a_loading_node_as_not_ready(fake, package):
 
 def test_it_keeps_a_draining_node_draining(fake, package):
     Node.objects.create(
-        node_id="node-01", address=fake.address, package=package, state=Node.State.UP
+        validation="passed",
+        node_id="node-01",
+        address=fake.address,
+        package=package,
+        state=Node.State.UP,
     )
     node_drain(node_id="node-01")
     ControlLoop().tick()
@@ -170,7 +190,9 @@ def test_it_uses_the_client_seam(package, monkeypatch):
         return ProbeResult(True, "ok", "", {"load": 0.25})
 
     monkeypatch.setattr(node_client, "probe", probe)
-    Node.objects.create(node_id="node-01", address="127.0.0.1:1", package=package)
+    Node.objects.create(
+        validation="passed", node_id="node-01", address="127.0.0.1:1", package=package
+    )
     ControlLoop().tick()
     assert calls == [("127.0.0.1:1", "node-01", 2.0)]
     assert Node.objects.get().load == 0.25
@@ -178,6 +200,7 @@ def test_it_uses_the_client_seam(package, monkeypatch):
 
 def test_it_marks_down_a_node_the_proxy_saw_fail(package):
     Node.objects.create(
+        validation="passed",
         node_id="node-01",
         address="127.0.0.1:1",
         package=package,
@@ -193,6 +216,8 @@ def test_it_marks_down_a_node_the_proxy_saw_fail(package):
 def test_it_runs_once_from_the_command(fake, package, capsys):
     from django.core.management import call_command
 
-    Node.objects.create(node_id="node-01", address=fake.address, package=package)
+    Node.objects.create(
+        validation="passed", node_id="node-01", address=fake.address, package=package
+    )
     call_command("controlloop", "--once")
     assert "node-01: ok" in capsys.readouterr().out

@@ -128,7 +128,7 @@ def test_a_failed_gate_rejects_the_version_naming_the_criteria(home, bundled):
 
 def test_a_rejected_or_retired_version_cannot_be_deployed(home, bundled):
     package = imported(bundled).package
-    node = Node.objects.create(node_id="n1", address="127.0.0.1:9999")
+    node = Node.objects.create(validation="passed", node_id="n1", address="127.0.0.1:9999")
     services.package_record_evaluation(package_id=package.pk, report=failing_report("boom"))
     with pytest.raises(
         Conflict,
@@ -143,7 +143,9 @@ def test_a_rejected_or_retired_version_cannot_be_deployed(home, bundled):
 
 def test_a_version_in_use_cannot_be_retired(home, bundled):
     package = imported(bundled).package
-    Node.objects.create(node_id="n1", address="127.0.0.1:9999", package=package)
+    Node.objects.create(
+        validation="passed", node_id="n1", address="127.0.0.1:9999", package=package
+    )
     with pytest.raises(Conflict, match="served by nodes"):
         services.package_retire(package_id=package.pk)
 

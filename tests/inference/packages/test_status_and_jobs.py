@@ -185,7 +185,7 @@ def test_an_approved_version_or_one_with_a_job_cannot_be_deleted():
     with pytest.raises(Conflict, match="m:2 has a queued or running job"):
         services.package_delete(package_id=busy.pk)
     served = package(version="3")
-    Node.objects.create(node_id="n1", address="127.0.0.1:9", package=served)
+    Node.objects.create(validation="passed", node_id="n1", address="127.0.0.1:9", package=served)
     with pytest.raises(Conflict, match="served by nodes"):
         services.package_delete(package_id=served.pk)
     assert ModelPackage.objects.count() == 3

@@ -66,7 +66,11 @@ def fleet(packages, monkeypatch):
     fake = FakeNodes()
     for i in (1, 2, 3):
         Node.objects.create(
-            node_id=f"n{i}", address=f"127.0.0.1:{9400 + i}", package=old, state="up"
+            validation="passed",
+            node_id=f"n{i}",
+            address=f"127.0.0.1:{9400 + i}",
+            package=old,
+            state="up",
         )
         fake.serving[f"n{i}"] = old.sha256
     for name in ("package_switch", "package_state", "probe"):

@@ -47,9 +47,15 @@ def test_the_routing_table_counts_a_turn_served_by_another_version():
     new = ModelPackage.objects.create(name="smol-new", version="1", gguf_path="/n", sha256="b" * 64)
     now = timezone.now()
     a = Node.objects.create(
-        node_id="a", address="127.0.0.1:1", package=old, state="up", last_probe_at=now
+        validation="passed",
+        node_id="a",
+        address="127.0.0.1:1",
+        package=old,
+        state="up",
+        last_probe_at=now,
     )
     Node.objects.create(
+        validation="passed",
         node_id="b",
         address="127.0.0.1:2",
         package=new,

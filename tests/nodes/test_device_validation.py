@@ -1,0 +1,232 @@
+"""Device validation in the control plane, against fake nodes that speak the protocol (their
+reports come from the fixture machines): the gate, the measured weight, re-validation on a
+change with its diff, restarts, external nodes, one run per machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient
+
+from inference.models import ModelPackage, RoutingPolicy
+from inference.services import token_create
+from nodes import device_validation as dv
+from nodes.control import ControlLoop
+from nodes.devices.host import RecordedHost
+from nodes.devices.inventory import collect, fingerprint
+from nodes.models import Node, ValidationRun
+from nodes.selectors import nodes_for_routing
+from nodes.services import node_upsert
+from tests.fakenode import FakeNode
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MACHINES = Path(__file__).parent / "devices" / "machines"
+MODEL = "smollm2-test"
+
+
+def report(
+    machine: str | Path, *, decode_8: float = 300.0, threads: int = 8, instance: str = "i-1"
+):
+    inventory = collect(RecordedHost(machine if isinstance(machine, Path) else MACHINES / machine))
+    return {
+        "instance": instance,
+        "fingerprint": fingerprint(inventory),
+        "inventory": inventory,
+        "engine": {
+            "threads": threads,
+            "sequences": 8,
+            "ctx_per_seq": 2048,
+            "kv_bytes_per_token": 24_576,
+            "model_bytes": 100 << 20,
+            "host_ram_bytes": 256 << 20,
+            "held_bytes": 600 << 20,
+            "quantization": "Q4_K_M",
+        },
+        "bench": {
+            "memory_bandwidth_gb_s": 12.0,
+            "prompt_tok_s": 2000.0,
+            "decode_tok_s_1": 90.0,
+            "decode_tok_s_8": decode_8,
+        },
+        "seconds": 9.5,
+    }
+
+
+def speaking(fake: FakeNode, rep: dict) -> FakeNode:
+    fake.validation_report = rep
+    fake.device = {"instance": rep["instance"], "fingerprint": rep["fingerprint"]}
+    return fake
+
+
+@pytest.fixture
+def package(transactional_db) -> ModelPackage:
+    policy = RoutingPolicy.load()
+    policy.connect_timeout_s, policy.request_timeout_s, policy.canary_idle_s = 1.0, 5.0, 0
+    policy.save()
+    return ModelPackage.objects.create(
+        name=MODEL, version="1", gguf_path="/tmp/x.gguf", sha256="0" * 64, quantization="Q4_K_M"
+    )
+
+
+@pytest.fixture
+def fleet(package):
+    started: list[FakeNode] = []
+
+    def add(node_id: str, rep: dict | None) -> FakeNode:
+        fake = FakeNode(node_id).start()
+        if rep is not None:
+            speaking(fake, rep)
+        started.append(fake)
+        node_upsert(node_id=node_id, address=fake.address, package_id=package.pk)
+        return fake
+
+    yield add
+    for fake in started:
+        fake.stop()
+
+
+def settle(max_steps: int = 20) -> None:
+    """One control-loop tick, then validation steps until no run is open."""
+    ControlLoop().tick()
+    for _ in range(max_steps):
+        if not dv.validation_step():
+            return
+    raise AssertionError("validation runs did not end")
+
+
+def validation_of(node_id: str) -> str:
+    return Node.objects.get(node_id=node_id).validation
+
+
+async def chat(session: str, auth: dict) -> int:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    response = await AsyncClient().post(
+        "/v1/chat/completions",
+        body,
+        content_type="application/json",
+        headers={**auth, "X-Session-Id": session},
+    )
+    return response.status_code
+
+
+async def test_it_sends_no_traffic_to_a_node_until_it_passes_and_none_to_one_that_fails(fleet):
+    auth = {"Authorization": f"Bearer {(await sync_to_async(token_create)(name='t'))[1]}"}
+    good = await sync_to_async(fleet)("node-01", report("xeon-2numa-avx512"))
+    bad = await sync_to_async(fleet)("node-02", report("cgroup-limited", threads=4))
+    await sync_to_async(ControlLoop().tick)()  # healthy, but not validated yet
+    assert await chat("s-0", auth) == 503
+    await sync_to_async(settle)()
+    assert await sync_to_async(validation_of)("node-01") == "warned"  # spans two NUMA nodes
+    assert await sync_to_async(validation_of)("node-02") == "failed"
+    reason = (await sync_to_async(Node.objects.get)(node_id="node-02")).validation_reason
+    assert "threads: threads 4 > CPU budget 2" in reason
+    assert [await chat(f"s-{i}", auth) for i in range(1, 7)] == [200] * 6
+    assert len(good.requests) == 6 and bad.requests == []
+
+
+def test_it_sets_routing_weights_from_measured_decode_speed(fleet):
+    fleet("node-01", report("nvidia-l4", decode_8=100.0, threads=4))
+    fleet("node-02", report("nvidia-l4", decode_8=300.0, threads=4))
+    settle()
+    nodes = {n.node_id: n for n in Node.objects.all()}
+    assert (nodes["node-01"].measured_speed, nodes["node-02"].measured_speed) == (0.5, 1.5)
+    table = {v.node_id: v for v in nodes_for_routing(stale_after_s=60).views}
+    assert (table["node-01"].weight, table["node-02"].weight) == (0.5, 1.5)
+    assert all(v.state == "up" for v in table.values())
+    # the second run was compared with the pool: one other node at 100 tok/s
+    second = ValidationRun.objects.get(node__node_id="node-02")
+    assert second.pool["decode_tok_s_8"] == 100.0
+    # the operator's override: weight alone
+    Node.objects.filter(node_id="node-02").update(weight_measured=False, weight=2.0)
+    table = {v.node_id: v for v in nodes_for_routing(stale_after_s=60).views}
+    assert table["node-02"].weight == 2.0
+
+
+def test_it_validates_again_when_firmware_or_a_module_changes_and_shows_the_diff(
+    fleet, tmp_path, client, admin_user
+):
+    import shutil
+
+    machine = tmp_path / "gpu"
+    shutil.copytree(MACHINES / "nvidia-l4", machine)
+    fake = fleet("node-01", report(machine, threads=4))
+    settle()
+    assert validation_of("node-01") == "warned"
+    (machine / "root/sys/class/dmi/id/bios_version").write_text("2.4.1\n")
+    (machine / "root/sys/module/nvidia/version").write_text("550.54.15\n")
+    speaking(fake, report(machine, threads=4))  # same agent, new fingerprint
+    ControlLoop().tick()
+    run = ValidationRun.objects.filter(node__node_id="node-01").first()
+    assert (run.trigger, run.state) == ("change", "queued")
+    assert validation_of("node-01") == "validating"
+    settle()
+    run.refresh_from_db()
+    assert run.changes == [
+        {"path": "firmware.bios_version", "before": "2.3.5", "after": "2.4.1"},
+        {"path": "modules.nvidia", "before": "535.161.08", "after": "550.54.15"},
+    ]
+    ControlLoop().tick()  # the same fingerprint again: no new run
+    assert ValidationRun.objects.count() == 2
+    client.force_login(admin_user)
+    page = client.get("/validation/node-01/").content.decode()
+    assert "firmware.bios_version" in page and "2.3.5 → 2.4.1" in page
+
+
+def test_it_validates_a_restarted_agent_again(fleet):
+    fake = fleet("node-01", report("nvidia-l4", threads=4, instance="first"))
+    settle()
+    speaking(fake, report("nvidia-l4", threads=4, instance="second"))
+    ControlLoop().tick()
+    assert ValidationRun.objects.first().trigger == "start"
+    settle()
+    assert Node.objects.get(node_id="node-01").device_instance == "second"
+
+
+def test_it_errors_a_run_the_node_forgot_and_keeps_the_node_out(fleet):
+    fake = fleet("node-01", report("nvidia-l4", threads=4))
+    fake.validation_polls = 100
+    ControlLoop().tick()
+    dv.validation_step()  # started
+    dv.validation_step()  # running
+    fake.validation_run = "another"  # the agent restarted and knows nothing of ours
+    dv.validation_step()
+    run = ValidationRun.objects.get()
+    assert run.state == "error" and "restarted" in run.reason
+    assert validation_of("node-01") == "failed"
+
+
+def test_it_fails_an_external_node_until_an_operator_waives_it(fleet):
+    fleet("node-01", None)  # says nothing of its devices
+    settle()
+    run = ValidationRun.objects.get()
+    assert run.state == "failed" and "does not report its devices" in run.reason
+    assert nodes_for_routing(stale_after_s=60).views[0].state == "failed validation"
+    dv.validation_waive(node_id="node-01", reason="llama-server checked by hand", by="ann")
+    assert nodes_for_routing(stale_after_s=60).views[0].state == "up"
+    settle()  # no new run for a waived node that still says nothing
+    assert ValidationRun.objects.count() == 1
+
+
+def test_it_runs_one_validation_per_machine_at_a_time(fleet):
+    a = fleet("node-01", report("nvidia-l4", threads=4))
+    b = fleet("node-02", report("nvidia-l4", threads=4))
+    for fake in (a, b):
+        fake.validation_polls = 2
+    ControlLoop().tick()
+    dv.validation_step()
+    states = sorted(ValidationRun.objects.values_list("state", flat=True))
+    assert states == ["queued", "running"]  # both on loopback: one machine
+    for _ in range(10):
+        dv.validation_step()
+    assert sorted(ValidationRun.objects.values_list("state", flat=True)) == ["warned", "warned"]
+
+
+def test_it_validates_a_node_again_when_its_address_changes(fleet):
+    fleet("node-01", report("nvidia-l4", threads=4))
+    settle()
+    node = Node.objects.get()
+    node_upsert(node_id="node-01", address="127.0.0.1:9", package_id=node.package_id)
+    assert validation_of("node-01") == "pending"
