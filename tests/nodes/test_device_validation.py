@@ -15,44 +15,18 @@ from inference.models import ModelPackage, RoutingPolicy
 from inference.services import token_create
 from nodes import device_validation as dv
 from nodes.control import ControlLoop
-from nodes.devices.host import RecordedHost
-from nodes.devices.inventory import collect, fingerprint
 from nodes.models import Node, ValidationRun
 from nodes.selectors import nodes_for_routing
 from nodes.services import node_upsert
 from tests.fakenode import FakeNode
+from tests.support.validation import MACHINES, machine_report
 
 pytestmark = pytest.mark.django_db(transaction=True)
-MACHINES = Path(__file__).parent / "devices" / "machines"
 MODEL = "smollm2-test"
 
 
-def report(
-    machine: str | Path, *, decode_8: float = 300.0, threads: int = 8, instance: str = "i-1"
-):
-    inventory = collect(RecordedHost(machine if isinstance(machine, Path) else MACHINES / machine))
-    return {
-        "instance": instance,
-        "fingerprint": fingerprint(inventory),
-        "inventory": inventory,
-        "engine": {
-            "threads": threads,
-            "sequences": 8,
-            "ctx_per_seq": 2048,
-            "kv_bytes_per_token": 24_576,
-            "model_bytes": 100 << 20,
-            "host_ram_bytes": 256 << 20,
-            "held_bytes": 600 << 20,
-            "quantization": "Q4_K_M",
-        },
-        "bench": {
-            "memory_bandwidth_gb_s": 12.0,
-            "prompt_tok_s": 2000.0,
-            "decode_tok_s_1": 90.0,
-            "decode_tok_s_8": decode_8,
-        },
-        "seconds": 9.5,
-    }
+def report(machine: str | Path, **kw) -> dict:
+    return machine_report(machine, **kw)
 
 
 def speaking(fake: FakeNode, rep: dict) -> FakeNode:
