@@ -168,7 +168,11 @@ class Array:
             if self.proc.popen.poll() is not None:
                 raise RuntimeError(self.proc.log()[-3000:])
             try:
-                up = [n for n in self.api("GET", "/nodes").json() if n["state"] == "up"]
+                up = [
+                    n
+                    for n in self.api("GET", "/nodes").json()
+                    if n["state"] == "up" and n["validation"] in ("passed", "warned")
+                ]
                 if len(up) >= nodes:
                     return
             except (httpx.HTTPError, ValueError, TypeError):

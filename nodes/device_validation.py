@@ -232,7 +232,7 @@ def latest_benches(
     latest: dict[int, dict[str, Any]] = {}
     for run in (
         Run.objects.filter(node__in=nodes, state__in=(Run.State.PASSED, Run.State.WARNED))
-        .exclude(bench=None)
+        .filter(bench__isnull=False)
         .order_by("node_id", "-finished_at")
         .only("node_id", "bench")
     ):
@@ -254,7 +254,7 @@ def validation_finish(run: ValidationRun, report: dict[str, Any]) -> ValidationR
     results = evaluate(facts)
     previous = (
         node.validation_runs.exclude(pk=run.pk)
-        .exclude(inventory=None)
+        .filter(inventory__isnull=False)
         .order_by("-created_at")
         .first()
     )

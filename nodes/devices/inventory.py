@@ -362,16 +362,26 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
 def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
     """What changed between two inventories' identities, as ``[{"path": "firmware.bios_version",
     "before": "1.2", "after": "1.3"}]`` sorted by path (a module that came or went has None on
-    one side)."""
+    one side; a list's change adds ``added`` and ``removed``)."""
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
     _flatten(identity(before), "", old)
     _flatten(identity(after), "", new)
     return [
-        {"path": path, "before": old.get(path), "after": new.get(path)}
+        _change(path, old.get(path), new.get(path))
         for path in sorted(set(old) | set(new))
         if old.get(path) != new.get(path)
     ]
+
+
+def _change(path: str, before: Any, after: Any) -> dict[str, Any]:
+    """One change; a list (CPU flags, accelerators) also says what was ``added`` and
+    ``removed``."""
+    change = {"path": path, "before": before, "after": after}
+    if isinstance(before, list) and isinstance(after, list):
+        change["added"] = [x for x in after if x not in before]
+        change["removed"] = [x for x in before if x not in after]
+    return change
 
 
 def _gib(n: Any) -> str:

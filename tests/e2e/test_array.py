@@ -67,10 +67,14 @@ def array(tmp_path_factory):
         for url in nodes:
             wait_healthy(url, proc)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90  # the control loop marks both nodes up, with a load
+        # the control loop marks both nodes up, with a load, and validates them one at a time
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             listed = httpx.get(f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"})
-            if listed.status_code == 200 and [n["state"] for n in listed.json()] == ["up", "up"]:
+            if listed.status_code == 200 and all(
+                n["state"] == "up" and n["validation"] in ("passed", "warned")
+                for n in listed.json()
+            ):
                 break
             time.sleep(0.5)
         yield {"base": base, "port": port, "nodes": nodes, "proc": proc}
@@ -115,7 +119,10 @@ def both_nodes_measured(array, timeout: float = 90.0) -> None:
         nodes = httpx.get(
             f"{array['base']}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}
         ).json()
-        if all(n["state"] == "up" and n["load"] is not None for n in nodes):
+        if all(
+            n["state"] == "up" and n["load"] is not None and n["validation"] in ("passed", "warned")
+            for n in nodes
+        ):
             return
         time.sleep(0.5)
     raise AssertionError(f"both nodes were not up and measured: {nodes}")

@@ -170,6 +170,13 @@ def test_it_errors_a_run_the_node_forgot_and_keeps_the_node_out(fleet):
     run = ValidationRun.objects.get()
     assert run.state == "error" and "restarted" in run.reason
     assert validation_of("node-01") == "failed"
+    # the restarted agent is validated again; the errored run has no inventory to compare
+    fake.validation_polls = 1
+    speaking(fake, report("nvidia-l4", threads=4, instance="after-restart"))
+    settle()
+    latest = ValidationRun.objects.first()
+    assert (latest.trigger, latest.state, latest.changes) == ("start", "warned", [])
+    assert validation_of("node-01") == "warned"
 
 
 def test_it_fails_an_external_node_until_an_operator_waives_it(fleet):

@@ -109,6 +109,10 @@ class Command(BaseCommand):
                 f"console: http://{host}:{port}/" + ("" if ready else " (not answering yet)")
             )
             self.stdout.write(f"OpenAI base URL: http://{host}:{port}/v1")
+            self.stdout.write(
+                "each node takes traffic once its devices are validated (about 10 s a node, "
+                f"one at a time): http://{host}:{port}/validation/"
+            )
             self.stdout.write("Ctrl-C stops everything.")
             code = self._watch(supervisor)
         except _Stop:

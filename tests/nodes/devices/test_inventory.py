@@ -151,3 +151,15 @@ def test_it_parses_cpu_lists_and_lspci_lines():
     line = "c1:00.0 Processing accelerators [1200]: Habana Labs Ltd. Gaudi2 [1da3:1020] (rev 01)"
     assert parse_lspci(line)[0]["vendor_id"] == "1da3"
     assert parse_lspci("00:1f.3 Audio device [0403]: Intel Corporation [8086:a348]") == []
+
+
+def test_it_says_what_a_list_gained_and_lost(machine):
+    before = collect(machine("nvidia-l4"))
+    after = collect(machine("nvidia-l4"))
+    after["cpu"]["flags"] = [f for f in after["cpu"]["flags"] if f != "avx2"] + ["avx512f"]
+    (change,) = diff(before, after)
+    assert (change["path"], change["added"], change["removed"]) == (
+        "cpu.flags",
+        ["avx512f"],
+        ["avx2"],
+    )
