@@ -29,7 +29,7 @@ LIVE_GROUP = "phalanx.live"
 
 def node_payload(node: Node) -> dict[str, Any]:
     """What a page needs to redraw a node row: id, address, state (+ colour), weight,
-    affinity, package key, failures, last error and load."""
+    affinity, package key, failures, last error, load and device validation status."""
     return {
         "node_id": node.node_id,
         "address": node.address,
@@ -41,6 +41,7 @@ def node_payload(node: Node) -> dict[str, Any]:
         "failures": node.consecutive_failures,
         "error": node.last_probe_error,
         "load": node.load,
+        "validation": node.get_validation_display(),
     }
 
 

@@ -15,7 +15,8 @@ Snapshot shape (units: percent, bytes, tokens, tokens/s, seconds since the epoch
 
     {"seq": 17, "t": 1700000000.0, "host": {"cpu": 12.5, "mem": 41.0, "mem_used": 3.2e9},
      "nodes": {"node-01": {"state": "up", "colour": "green", "package": "name:1",
-               "sessions": 3, "ok": true, "error": "", "cpu": 48.0, "rss": 2.1e8,
+               "sessions": 3, "validation": "Passed", "ok": true, "error": "", "cpu": 48.0,
+               "rss": 2.1e8,
                "prefill_tps": 310.0, "decode_tps": 41.0, "active": 1, "idle": 2, "host": 0,
                "total": 8, "kv_used": 512, "kv_capacity": 16384, "kv_pct": 3.1, "queue": 0,
                "requests": 12, "generated": 800}},
@@ -156,6 +157,7 @@ def _inventory(after_event: int | None) -> tuple[list[dict[str, Any]], list[dict
             "package": n.package.key if n.package else None,
             "sessions": n.pinned,
             "error": n.last_probe_error,
+            "validation": n.get_validation_display(),
         }
         for n in Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
@@ -39,13 +40,14 @@ FIGURES = (
 @role_required(Role.VIEWER)
 def validation(request: HttpRequest) -> HttpResponse:
     """Every node: validation status, why, measured speed, routing weight, last run."""
-    nodes = list(Node.objects.select_related("package"))
-    last = {}
-    for run in ValidationRun.objects.defer("inventory", "engine").order_by(
-        "node_id", "-created_at"
-    ):
-        last.setdefault(run.node_id, run)
-    rows = [{"node": n, "run": last.get(n.pk)} for n in nodes]
+    newest = ValidationRun.objects.filter(node=OuterRef("pk")).order_by("-created_at", "-id")
+    nodes = list(
+        Node.objects.select_related("package").annotate(last_run=Subquery(newest.values("pk")[:1]))
+    )
+    runs = ValidationRun.objects.defer("inventory", "engine").in_bulk(
+        [n.last_run for n in nodes if n.last_run]
+    )
+    rows = [{"node": n, "run": runs.get(n.last_run)} for n in nodes]
     return _render(
         request,
         "console/validation.html",

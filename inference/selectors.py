@@ -8,11 +8,14 @@ from nodes.models import Node
 
 def packages_served() -> list[tuple[str, ModelPackage]]:
     """``(name clients ask for, package)`` for each model served by at least one ``up`` node
+    that may take traffic (device validation passed, warned or waived)
     (its served name: the name stays while upgrades change the version under it), the newest
     version of each name first."""
-    nodes = Node.objects.filter(state=Node.State.UP, package__isnull=False).select_related(
-        "package"
-    )
+    nodes = Node.objects.filter(
+        state=Node.State.UP,
+        package__isnull=False,
+        validation__in=Node.ROUTABLE_VALIDATIONS,
+    ).select_related("package")
     pairs = sorted(
         ((n.model_name, n.package) for n in nodes),
         key=lambda pair: (pair[0], -pair[1].created_at.timestamp()),
@@ -38,7 +41,15 @@ def package_default() -> ModelPackage | None:
     from django.db.models import Count, Q
 
     return (
-        ModelPackage.objects.annotate(up=Count("nodes", filter=Q(nodes__state=Node.State.UP)))
+        ModelPackage.objects.annotate(
+            up=Count(
+                "nodes",
+                filter=Q(
+                    nodes__state=Node.State.UP,
+                    nodes__validation__in=Node.ROUTABLE_VALIDATIONS,
+                ),
+            )
+        )
         .order_by("-up", "-created_at", "-id")
         .first()
     )

@@ -32,6 +32,8 @@ def canary_due(node: Node, policy: RoutingPolicy) -> bool:
         return True
     if policy.canary_idle_s <= 0 or node.state == Node.State.DRAINING:
         return False
+    if node.validation == "validating":  # benchmarking: a canary would skew both
+        return False
     stamps = [t for t in (node.last_active_at, node.last_canary_at) if t is not None]
     since = max(stamps) if stamps else node.created_at
     return (timezone.now() - since).total_seconds() >= policy.canary_idle_s
@@ -76,6 +78,7 @@ class ControlLoop:
                 "package",
                 "package__name",
                 "served_name",
+                "validation",
                 "last_active_at",
                 "last_canary_at",
                 "created_at",

@@ -4,17 +4,18 @@ A run is a ``ValidationRun`` row the control loop advances (``validation_step``,
 second, on a thread of its own): queued -> running (the node collects its inventory and runs its
 benchmarks, ``nodes/agent/validation.py``) -> passed | warned | failed (the compatibility
 matrix, ``nodes.devices.matrix``, applied here, beside the pool's figures) or error (the run
-could not finish). Runs start when a node is new or its agent restarted (``start``), when its
-inventory's fingerprint changes (``change``, with the diff) and on demand. While a run is open
-the node is ``validating`` and routing gives it no traffic; a pass sets its measured speed
-(decode tokens/s at 8 sequences over the pool's median), which scales its routing weight.
-Every write of a run is conditional on the state it read, so the loop and ``manage.py
-validate`` can both advance one run. See docs/validation.md.
+could not finish; retried with a backoff). Runs start when a node is new or its agent
+restarted (``start``), when its inventory's fingerprint changes (``change``, with the diff) and
+on demand. While a run is open the node is ``validating`` and routing gives it no traffic; a
+pass sets its measured speed (decode tokens/s at 8 sequences over the pool's median), which
+scales its routing weight. Every write of a run is conditional on the state it read, so the
+loop and ``manage.py validate`` can both advance one run. See docs/validation.md.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import threading
@@ -36,6 +37,7 @@ Run = ValidationRun
 TIMEOUT_S = float(os.environ.get("PHALANX_VALIDATION_TIMEOUT_S", "300"))
 STEP_INTERVAL_S = 1.0
 SPEED_LIMITS = (0.1, 10.0)
+RETRY_FIRST_S, RETRY_MAX_S = 60.0, 3600.0
 _VERDICT = {"pass": Run.State.PASSED, "warn": Run.State.WARNED, "fail": Run.State.FAILED}
 _NODE_STATUS = {
     Run.State.PASSED: "passed",
@@ -44,10 +46,8 @@ _NODE_STATUS = {
     Run.State.ERROR: "failed",
 }
 OPEN = (Run.State.QUEUED, Run.State.RUNNING)
-
-
-class NotValidatable(Exception):
-    """The node cannot be validated now (its message says why)."""
+BENCH_KEYS = ("memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1", "decode_tok_s_8")
+ENGINE_KEYS = ("threads", "sequences", "ctx_per_seq", "kv_bytes_per_token")
 
 
 def host_key(address: str) -> str:
@@ -64,18 +64,38 @@ def _event(node: Node, message: str) -> None:
     live_node_changed(node_id=node.node_id, event=event)
 
 
+def _age_s(since) -> float:
+    return (timezone.now() - since).total_seconds() if since else 0.0
+
+
+def _figure(value: Any) -> float | None:
+    """A finite number as float, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 # Requests ---------------------------------------------------------------------------------
 
 
 @transaction.atomic
-def validation_request(*, node_id: str, trigger: str, requested_by: str = "") -> ValidationRun:
+def validation_request(
+    *, node_id: str, trigger: str, requested_by: str = "", instance: str = ""
+) -> ValidationRun:
     """Queue a validation of ``node_id`` (an open run of the node is returned instead); the node
-    is ``validating`` (no traffic) until it ends. Raises ``Node.DoesNotExist``."""
+    is ``validating`` (no traffic) until it ends. ``instance``: the agent process it is for,
+    when known. Raises ``Node.DoesNotExist``."""
     node = Node.objects.select_for_update().get(node_id=node_id)
     open_run = node.validation_runs.filter(state__in=OPEN).first()
     if open_run is not None:
         return open_run
-    run = Run.objects.create(node=node, trigger=trigger, requested_by=requested_by)
+    run = Run.objects.create(
+        node=node,
+        trigger=trigger,
+        requested_by=requested_by,
+        package_id=node.package_id,
+        node_instance=instance[:64],
+    )
     node.validation = "validating"
     node.validation_reason = f"run {run.pk} ({run.get_trigger_display().lower()}) under way"
     node.save(update_fields=["validation", "validation_reason", "updated_at"])
@@ -86,9 +106,10 @@ def validation_request(*, node_id: str, trigger: str, requested_by: str = "") ->
 def validation_note_probe(*, node_id: str, device: dict[str, Any] | None) -> ValidationRun | None:
     """What a healthy probe's ``device`` block (``/health``) means for validation: a new node or
     a restarted agent (another ``instance``) is validated (``start``); an inventory whose
-    fingerprint differs from the last run's is validated again (``change``). A node that says
-    nothing of its devices (an external server) gets one run, which fails and says so, while it
-    is ``pending``. Returns the run it queued, if any."""
+    fingerprint differs from the last run's is validated again (``change``); a run that could
+    not finish is tried again after a backoff (``retry``). A node that says nothing of its
+    devices (an external server) gets one run, which fails and says so, while it is
+    ``pending``. Returns the run it queued, if any."""
     node = Node.objects.filter(node_id=node_id).first()
     if node is None or node.validation_runs.filter(state__in=OPEN).exists():
         return None
@@ -105,16 +126,42 @@ def validation_note_probe(*, node_id: str, device: dict[str, Any] | None) -> Val
         trigger = Run.Trigger.START
     elif fingerprint and node.device_fingerprint and fingerprint != node.device_fingerprint:
         trigger = Run.Trigger.CHANGE
+    elif node.validation == "failed" and _retry_due(node):
+        trigger = Run.Trigger.RETRY
     else:
         return None
-    return validation_request(node_id=node_id, trigger=trigger, requested_by="control loop")
+    return validation_request(
+        node_id=node_id, trigger=trigger, requested_by="control loop", instance=instance
+    )
+
+
+def retry_delay_s(errors_in_a_row: int) -> float:
+    """How long after a run that could not finish (``error``) the next is tried: 60 s, then
+    doubling with each error in a row, at most an hour."""
+    return min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, errors_in_a_row - 1))
+
+
+def _retry_due(node: Node) -> bool:
+    """True when the node's last runs errored and the backoff since the last has passed (a
+    failed verdict is not retried: the machine must change, or an operator asks)."""
+    recent = list(
+        node.validation_runs.order_by("-created_at").values_list("state", "finished_at")[:8]
+    )
+    errors = 0
+    for state, _ in recent:
+        if state != Run.State.ERROR:
+            break
+        errors += 1
+    if not errors or recent[0][1] is None:
+        return False
+    return _age_s(recent[0][1]) >= retry_delay_s(errors)
 
 
 @transaction.atomic
 def validation_waive(*, node_id: str, reason: str, by: str) -> Node:
     """Let a node take traffic without a passing validation (an external server that cannot
-    validate, a known warning): ``waived`` with who and why. Raises ``Node.DoesNotExist``,
-    ``ValueError`` for an empty reason."""
+    validate, a known warning): ``waived`` with who and why; a run under way then ends without
+    changing it. Raises ``Node.DoesNotExist``, ``ValueError`` for an empty reason."""
     if not reason.strip():
         raise ValueError("a reason is required to waive validation")
     node = Node.objects.select_for_update().get(node_id=node_id)
@@ -130,27 +177,32 @@ def validation_waive(*, node_id: str, reason: str, by: str) -> Node:
 
 def validation_step() -> list[ValidationRun]:
     """Advance every open run once: start queued ones (one running per machine, so runs on
-    one machine do not measure each other) and poll running ones. Returns the open runs."""
+    one machine do not measure each other) and poll running ones. A run that cannot be
+    advanced (an error of ours) ends ``error`` without holding up the others. Returns the
+    open runs it found."""
     runs = list(
         Run.objects.filter(state__in=OPEN).select_related("node").order_by("created_at", "id")
     )
     busy = {host_key(r.node.address) for r in runs if r.state == Run.State.RUNNING}
     for run in runs:
-        if run.state == Run.State.RUNNING:
-            validation_poll(run)
-        elif host_key(run.node.address) not in busy and validation_start(run):
-            busy.add(host_key(run.node.address))
+        try:
+            if run.state == Run.State.RUNNING:
+                validation_poll(run)
+            elif host_key(run.node.address) not in busy and validation_start(run):
+                busy.add(host_key(run.node.address))
+        except Exception as exc:  # one bad run must not hold up the others
+            log.exception("validation %s could not be advanced", run.pk)
+            _end(run, Run.State.ERROR, reason=f"the control plane could not advance it: {exc}")
     return runs
 
 
-def _age_s(since) -> float:
-    return (timezone.now() - since).total_seconds() if since else 0.0
-
-
 def validation_start(run: ValidationRun) -> bool:
-    """Ask the node to start ``run``; True when it runs. An unreachable or busy node is asked
-    again next step, until ``TIMEOUT_S`` after the run was queued."""
+    """Ask the node to start ``run``; True when the machine is busy with a run now (this one,
+    or one another process started meanwhile). An unreachable or busy node is asked again
+    next step, until ``TIMEOUT_S`` after the run was queued."""
     node = run.node
+    if _host_busy(run):
+        return True
     try:
         node_client.validation_start(node.address, node_id=node.node_id, run=run.token)
     except node_client.ValidationUnsupported:
@@ -164,11 +216,18 @@ def validation_start(run: ValidationRun) -> bool:
                 reason=f"the node did not start the run in {TIMEOUT_S:g} s: {exc}",
             )
         return False
-    return bool(
-        Run.objects.filter(pk=run.pk, state=Run.State.QUEUED).update(
-            state=Run.State.RUNNING, started_at=timezone.now(), phase="starting"
-        )
+    Run.objects.filter(pk=run.pk, state=Run.State.QUEUED).update(
+        state=Run.State.RUNNING, started_at=timezone.now(), phase="starting"
     )
+    return True  # the node runs it, whichever process marked the row
+
+
+def _host_busy(run: ValidationRun) -> bool:
+    """True when another run is running on ``run``'s machine (read afresh: another process
+    may have started one since this one listed the runs)."""
+    key = host_key(run.node.address)
+    running = Run.objects.filter(state=Run.State.RUNNING).exclude(pk=run.pk)
+    return any(host_key(a) == key for a in running.values_list("node__address", flat=True))
 
 
 def _unsupported() -> RuleResult:
@@ -181,42 +240,66 @@ def _unsupported() -> RuleResult:
 
 
 def validation_poll(run: ValidationRun) -> None:
-    """Read the node's progress on ``run``; finish it when the node is done."""
+    """Read the node's progress on ``run``; finish it when the node is done. A run still open
+    ``TIMEOUT_S`` after it started ends ``error``, whatever the node answers."""
     node = run.node
     try:
         state = node_client.validation_state(node.address, node_id=node.node_id)
     except (httpx.HTTPError, ValueError) as exc:
-        if _age_s(run.started_at) > TIMEOUT_S:
-            _end(run, Run.State.ERROR, reason=f"no answer from the node: {exc}")
-        return
-    if state.get("run") != run.token:
+        state = {"error": f"no answer from the node: {exc}"}
+    if not isinstance(state, dict):
+        state = {"error": "the node's answer is not a JSON object"}
+    if _age_s(run.started_at) > TIMEOUT_S:
+        why = state.get("error") or state.get("phase")
+        _end(run, Run.State.ERROR, reason=f"not done after {TIMEOUT_S:g} s: {why}")
+    elif "run" not in state:
+        return  # no answer this time: asked again next step
+    elif state.get("run") != run.token:
         _end(run, Run.State.ERROR, reason="the node no longer knows the run: it restarted")
     elif state.get("state") == "failed":
         _end(run, Run.State.ERROR, reason=f"the node could not finish: {state.get('error')}")
-    elif state.get("state") == "done" and isinstance(state.get("report"), dict):
-        validation_finish(run, state["report"])
-    elif _age_s(run.started_at) > TIMEOUT_S:
-        _end(run, Run.State.ERROR, reason=f"not done after {TIMEOUT_S:g} s ({state.get('phase')})")
-    elif (state.get("phase"), state.get("progress")) != (run.phase, run.progress):
-        Run.objects.filter(pk=run.pk, state=Run.State.RUNNING).update(
-            phase=str(state.get("phase") or "")[:64], progress=float(state.get("progress") or 0)
-        )
+    elif state.get("state") == "done":
+        validation_finish(run, state.get("report"))
+    else:
+        phase, progress = str(state.get("phase") or "")[:64], _figure(state.get("progress")) or 0.0
+        if (phase, progress) != (run.phase, run.progress):
+            Run.objects.filter(pk=run.pk, state=Run.State.RUNNING).update(
+                phase=phase, progress=min(1.0, progress)
+            )
 
 
 # Verdicts -------------------------------------------------------------------------------
 
 
-def pool_figures(node: Node) -> dict[str, Any]:
-    """Medians of the other nodes serving ``node``'s package, from their last ended runs with
-    figures: ``{"nodes": n, "memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1",
+def report_problem(report: Any) -> str:
+    """Why a node's report cannot be judged ("" when it can): it must be an object with
+    ``inventory``, ``engine`` (whole numbers for ``ENGINE_KEYS``) and ``bench`` (finite
+    numbers for ``BENCH_KEYS``) objects."""
+    if not isinstance(report, dict):
+        return "the report is not a JSON object"
+    for part in ("inventory", "engine", "bench"):
+        if not isinstance(report.get(part), dict):
+            return f"the report's {part} is not a JSON object"
+    engine, bench = report["engine"], report["bench"]
+    bad = [
+        k
+        for k in ENGINE_KEYS
+        if not isinstance(engine.get(k), int) or isinstance(engine.get(k), bool)
+    ]
+    bad += [k for k in BENCH_KEYS if _figure(bench.get(k)) is None]
+    return f"the report lacks numbers for {', '.join(bad)}" if bad else ""
+
+
+def pool_figures(node: Node, *, package_id: int | None) -> dict[str, Any]:
+    """Medians of the other nodes serving ``package_id``, from their last passed or warned
+    runs of it: ``{"nodes": n, "memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1",
     "decode_tok_s_8"}`` (None when no other node has one)."""
-    latest = latest_benches(package_id=node.package_id, exclude=node.pk)
-    keys = ("memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1", "decode_tok_s_8")
+    latest = latest_benches(package_id=package_id, exclude=node.pk)
     medians = {
         k: round(statistics.median(v), 2)
-        if (v := [b[k] for b in latest.values() if b.get(k)])
+        if (v := [b[k] for b in latest.values() if _figure(b.get(k))])
         else None
-        for k in keys
+        for k in BENCH_KEYS
     }
     return {"nodes": len(latest), **medians}
 
@@ -224,46 +307,62 @@ def pool_figures(node: Node) -> dict[str, Any]:
 def latest_benches(
     *, package_id: int | None, exclude: int | None = None
 ) -> dict[int, dict[str, Any]]:
-    """``{node pk: bench}`` of the last passed or warned run of each node serving
-    ``package_id`` that is validated now."""
+    """``{node pk: bench}`` of the last passed or warned run of ``package_id`` (the package the
+    run measured: an upgrade switches packages without a run) of each node that serves it and
+    is validated now."""
     nodes = Node.objects.filter(package_id=package_id, validation__in=("passed", "warned"))
     if exclude is not None:
         nodes = nodes.exclude(pk=exclude)
     latest: dict[int, dict[str, Any]] = {}
     for run in (
-        Run.objects.filter(node__in=nodes, state__in=(Run.State.PASSED, Run.State.WARNED))
-        .filter(bench__isnull=False)
+        Run.objects.filter(
+            node__in=nodes,
+            package_id=package_id,
+            state__in=(Run.State.PASSED, Run.State.WARNED),
+            bench__isnull=False,
+        )
         .order_by("node_id", "-finished_at")
         .only("node_id", "bench")
     ):
-        latest.setdefault(run.node_id, run.bench)
+        if isinstance(run.bench, dict):
+            latest.setdefault(run.node_id, run.bench)
     return latest
 
 
-def validation_finish(run: ValidationRun, report: dict[str, Any]) -> ValidationRun:
+def validation_finish(run: ValidationRun, report: Any) -> ValidationRun:
     """Apply the matrix to a finished run's report, compare its inventory with the node's
-    previous run, and set the node's validation (and the pool's measured speeds)."""
+    previous run, and set the node's validation (and the pool's measured speeds). A report
+    of the wrong shape (``report_problem``, or odd values inside) ends the run ``error``,
+    naming what is wrong."""
+    problem = report_problem(report)
+    if problem:
+        _end(run, Run.State.ERROR, reason=f"malformed report from the node: {problem}")
+        return run
     node = run.node
-    pool = pool_figures(node)
+    pool = pool_figures(node, package_id=run.package_id)
     facts = Facts(
-        inventory=report.get("inventory") or {},
-        engine=report.get("engine") or {},
-        bench=report.get("bench") or {},
+        inventory=report["inventory"],
+        engine=report["engine"],
+        bench=report["bench"],
         pool_decode_tok_s_8=pool.get("decode_tok_s_8"),
     )
-    results = evaluate(facts)
     previous = (
         node.validation_runs.exclude(pk=run.pk)
         .filter(inventory__isnull=False)
         .order_by("-created_at")
         .first()
     )
-    changes = diff(previous.inventory, facts.inventory) if previous else []
-    state = _VERDICT[overall(results)]
+    try:
+        results = evaluate(facts)
+        changes = diff(previous.inventory, facts.inventory) if previous else []
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # odd shapes inside
+        reason = f"malformed report from the node: {type(exc).__name__}: {exc}"
+        _end(run, Run.State.ERROR, reason=reason)
+        return run
     findings = [f"{r.rule}: {r.reason}" for r in results if r.status != "pass"]
     ended = _end(
         run,
-        state,
+        _VERDICT[overall(results)],
         rules=results,
         reason="; ".join(findings) or "every rule passes",
         report=report,
@@ -271,7 +370,7 @@ def validation_finish(run: ValidationRun, report: dict[str, Any]) -> ValidationR
         changes=changes,
     )
     if ended:
-        speeds_refresh(package_id=node.package_id)
+        speeds_refresh(package_id=run.package_id)
     return run
 
 
@@ -286,8 +385,9 @@ def _end(
     pool: dict[str, Any] | None = None,
     changes: list[dict[str, Any]] | None = None,
 ) -> bool:
-    """End ``run`` as ``state`` (only if it is still open) and set its node's validation from
-    it; False when someone else ended it first."""
+    """End ``run`` as ``state`` (only if it is still open) and, while the node waits for it
+    (``validating``: not waived or reset by hand meanwhile), set its validation from it;
+    False when someone else ended it first."""
     report = report or {}
     fields = {
         "state": state,
@@ -301,8 +401,8 @@ def _end(
         "inventory": report.get("inventory"),
         "engine": report.get("engine"),
         "bench": report.get("bench"),
-        "seconds": report.get("seconds"),
-        "node_instance": str(report.get("instance") or "")[:64],
+        "seconds": _figure(report.get("seconds")),
+        "node_instance": str(report.get("instance") or run.node_instance or "")[:64],
         "fingerprint": str(report.get("fingerprint") or "")[:64],
     }
     if not Run.objects.filter(pk=run.pk, state__in=OPEN).update(**fields):
@@ -310,15 +410,16 @@ def _end(
     for key, value in fields.items():
         setattr(run, key, value)
     node = Node.objects.select_for_update().get(pk=run.node_id)
-    node.validation = _NODE_STATUS[state]
-    node.validation_reason = reason[:2000]
-    update = ["validation", "validation_reason", "updated_at"]
-    if report.get("instance"):
-        node.device_instance, node.device_fingerprint = (
-            fields["node_instance"],
-            fields["fingerprint"],
-        )
-        update += ["device_instance", "device_fingerprint"]
+    update = ["updated_at"]
+    if node.validation == "validating":
+        node.validation, node.validation_reason = _NODE_STATUS[state], reason[:2000]
+        update += ["validation", "validation_reason"]
+    if run.node_instance:  # an errored run too: this agent process is not asked again at once
+        node.device_instance = run.node_instance
+        update.append("device_instance")
+    if run.fingerprint:
+        node.device_fingerprint = run.fingerprint
+        update.append("device_fingerprint")
     node.save(update_fields=update)
     changed = f"; changed since the last run: {len(run.changes)}" if run.changes else ""
     _event(node, f"validation {run.pk} {run.get_state_display().lower()}{changed}: {reason}")
@@ -327,9 +428,11 @@ def _end(
 
 def speeds_refresh(*, package_id: int | None) -> dict[str, float]:
     """Set every validated node of the package's pool to its decode speed at 8 sequences over
-    the pool's median (clamped to 0.1-10); returns ``{node_id: speed}``."""
+    the pool's median (clamped to 0.1-10); a node of the package without a figure for it
+    (switched by an upgrade since) is unmeasured. Returns ``{node_id: speed}``."""
     latest = latest_benches(package_id=package_id)
-    figures = {pk: b.get("decode_tok_s_8") for pk, b in latest.items() if b.get("decode_tok_s_8")}
+    figures = {pk: f for pk, b in latest.items() if (f := _figure(b.get("decode_tok_s_8")))}
+    Node.objects.filter(package_id=package_id).exclude(pk__in=figures).update(measured_speed=None)
     if not figures:
         return {}
     median = statistics.median(figures.values())
@@ -360,8 +463,9 @@ def run(stop: threading.Event, interval_s: float = STEP_INTERVAL_S) -> None:
 def validation_wait(
     run: ValidationRun, *, timeout_s: float = TIMEOUT_S + 30, on_step=None
 ) -> ValidationRun:
-    """Advance ``run`` (and any other open run) until it ends; ``on_step(run)`` after each
-    step. Used by ``manage.py validate``; safe beside the control loop."""
+    """Advance ``run`` (and any other open run) until it ends or ``timeout_s`` pass;
+    ``on_step(run)`` after each step. Used by ``manage.py validate``; safe beside the control
+    loop. Returns the run as it stands (check ``ended``)."""
     deadline = timezone.now() + timedelta(seconds=timeout_s)
     while True:
         validation_step()

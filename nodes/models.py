@@ -202,6 +202,7 @@ class ValidationRun(models.Model):
         START = "start", "Agent started"
         CHANGE = "change", "Inventory changed"
         DEMAND = "demand", "On demand"
+        RETRY = "retry", "Retry after an error"
 
     class State(models.TextChoices):
         QUEUED = "queued", "Queued"
@@ -226,6 +227,14 @@ class ValidationRun(models.Model):
         max_length=32, default=_new_token, editable=False, help_text="The run's id on the node."
     )
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
+    package = models.ForeignKey(
+        "inference.ModelPackage",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The package the node served when the run was asked for (its figures).",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     phase = models.CharField(max_length=64, blank=True, default="")
     progress = models.FloatField(default=0.0)
@@ -252,4 +261,5 @@ class ValidationRun(models.Model):
 
     @property
     def ended(self) -> bool:
+        """True once the run has its verdict (or could not finish)."""
         return self.state in self.ENDED

@@ -83,7 +83,7 @@ class NodeTable:
 def routing_state(state: str, validation: str) -> str:
     """The state routing sees: a node that has not passed device validation is
     ``validating`` or ``failed validation`` whatever its health (routing takes only ``up``)."""
-    if validation in Node.ROUTABLE_VALIDATIONS:
+    if validation in Node.ROUTABLE_VALIDATIONS or state != Node.State.UP:
         return state
     return "failed validation" if validation == "failed" else "validating"
 

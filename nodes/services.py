@@ -152,7 +152,7 @@ def node_upsert(
     threads: int = 1,
     weight: float = 1.0,
     affinity: bool = True,
-    weight_measured: bool = True,
+    weight_measured: bool | None = None,
 ) -> tuple[Node, bool]:
     """Create or update a node by id (idempotent); returns ``(node, created)``.
 
@@ -170,7 +170,7 @@ def node_upsert(
             threads=threads,
             weight=weight,
             affinity=affinity,
-            weight_measured=weight_measured,
+            weight_measured=True if weight_measured is None else weight_measured,
         )
         NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
         return node, True
@@ -189,6 +189,8 @@ def node_upsert(
         cpu_set,
         threads,
     )
-    node.weight, node.affinity, node.weight_measured = weight, affinity, weight_measured
+    node.weight, node.affinity = weight, affinity
+    if weight_measured is not None:  # None: keep (a config file or `up` does not say)
+        node.weight_measured = weight_measured
     node.save()
     return node, False

@@ -272,19 +272,6 @@ class HungListener:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
 
-    def validation_state(self) -> dict[str, Any]:
-        """``GET /validation``: "running" for ``validation_polls`` GETs, then "done"."""
-        self.validation_gets += 1
-        done = self.validation_gets > self.validation_polls
-        return {
-            "run": self.validation_run,
-            "state": "done" if done else "running",
-            "phase": "" if done else "decode, 8 sequences",
-            "progress": 1.0 if done else 0.6,
-            "report": self.validation_report if done else None,
-            "instance": (self.device or {}).get("instance"),
-        }
-
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.sock.getsockname()[1]}"

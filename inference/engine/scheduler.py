@@ -126,6 +126,7 @@ class Request:
     params: SamplingParams
     sink: Callable[[EngineEvent], None]
     session_id: str | None = None
+    speculate: bool = True  # False: one token per step, never a draft (device benchmarks)
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     # Filled in by the engine.
@@ -518,7 +519,7 @@ class Engine:
                 self.config.ctx_per_seq - len(req.seq.tokens) - 2,
                 room,
             )
-            if left <= 0:
+            if left <= 0 or not req.speculate:
                 continue
             if not self._may_draft(req, 1):  # not even one token pays: skip the lookup
                 continue

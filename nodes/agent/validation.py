@@ -81,9 +81,15 @@ def engine_facts(engine: Engine) -> dict[str, Any]:
         "kv_bytes_per_token": engine.kv_bytes_per_token,
         "model_bytes": model_bytes,
         "host_ram_bytes": config.host_ram_mib * 1024 * 1024,
-        "held_bytes": psutil.Process().memory_info().rss,
+        "held_bytes": _anonymous_rss(psutil.Process().memory_info()),
         "quantization": quantization,
     }
+
+
+def _anonymous_rss(info) -> int:
+    """Resident memory the node holds beyond file pages (the mmapped model is counted once,
+    as ``model_bytes``; the kernel's available memory counts its cached pages too)."""
+    return max(0, int(info.rss) - int(getattr(info, "shared", 0)))
 
 
 class DeviceValidation:
@@ -161,6 +167,9 @@ class DeviceValidation:
         engine = self.engine()
         if not engine.ready.wait(timeout=300):
             raise bench.BenchmarkFailed("the model did not load in 300 s")
+        task.phase = "waiting for requests under way to end"
+        if not bench.wait_idle(engine):
+            raise bench.BenchmarkFailed("requests kept the engine busy for 30 s")
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("inventory", self.inventory),
             ("memory bandwidth", bench.memory_bandwidth_gb_s),

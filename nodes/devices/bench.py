@@ -64,7 +64,12 @@ def _run(
 ) -> list[Finished]:
     waiters = [_Waiter(threading.Event()) for _ in prompts]
     requests = [
-        Request(prompt=p, params=SamplingParams(max_tokens=max_tokens, temperature=0.0), sink=w)
+        Request(
+            prompt=p,
+            params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            sink=w,
+            speculate=False,  # llama-bench's tg: one token per step, no prompt-lookup drafts
+        )
         for p, w in zip(prompts, waiters, strict=True)
     ]
     engine.submit_all(requests)
@@ -77,6 +82,17 @@ def _run(
         if isinstance(waiter.result, Failed):
             raise BenchmarkFailed(waiter.result.message)
     return [w.result for w in waiters if isinstance(w.result, Finished)]
+
+
+def wait_idle(engine: Engine, *, timeout: float = 30.0) -> bool:
+    """Wait until the engine has no request running or queued (requests that arrived before
+    the node left the pool); False when it is still busy after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while engine.active_count or engine.queue_depth:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _filler_tokens(engine: Engine, count: int, tag: str) -> list[int]:
@@ -95,7 +111,8 @@ def _counting_prompt(engine: Engine, tag: str) -> list[int]:
 
 def prompt_tok_s(engine: Engine, *, tokens: int = PROMPT_TOKENS, timeout: float = 60.0) -> float:
     """Prefill speed of one prompt of ``tokens`` (capped by the context) in tokens/s, from the
-    engine's own timings (``prefill_ms``), on a prompt no sequence holds (no reuse)."""
+    engine's own timings (``prefill_ms``), on a prompt no sequence holds (no reuse). Raises
+    ``BenchmarkFailed`` (the engine failed it or took over ``timeout`` s), ``QueueFull``."""
     tokens = min(tokens, engine.config.ctx_per_seq - 8)
     (done,) = _run(engine, [_filler_tokens(engine, tokens, uuid.uuid4().hex)], 1, timeout)
     prefill_s = done.timings["prefill_ms"] / 1000
@@ -106,8 +123,10 @@ def decode_tok_s(
     engine: Engine, *, sequences: int, tokens: int = DECODE_TOKENS, timeout: float = 120.0
 ) -> float:
     """Aggregate decode tokens/s of ``sequences`` requests submitted together (one step carries
-    a token of each): tokens generated after each one's first, over the time from the first
-    first-token to the last finish."""
+    a token of each; no prompt-lookup drafting): tokens generated after each one's first, over
+    the time from the first first-token to the last finish. The prompt is greedy counting,
+    which the model continues; a sequence that stops early still counts what it generated.
+    Raises ``BenchmarkFailed``, ``QueueFull``."""
     run = uuid.uuid4().hex[:8]
     prompts = [_counting_prompt(engine, f"{run}-{i}") for i in range(sequences)]
     done = _run(engine, prompts, tokens, timeout)

@@ -98,7 +98,13 @@ class LocalHost:
             return CommandResult("not_found", detail=f"{argv[0]} is not installed")
         try:
             done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+                argv,
+                capture_output=True,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                timeout=COMMAND_TIMEOUT_S,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             return CommandResult(
@@ -171,7 +177,7 @@ class RecordedHost:
 
     def _recorded(self, name: str) -> Any:
         try:
-            text = (self.recorded / name).read_text()
+            text = (self.recorded / name).read_text(errors="replace")
         except OSError:
             return None
         try:

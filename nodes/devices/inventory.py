@@ -11,7 +11,7 @@ Shape of ``collect()``::
      "cpu_budget": {"affinity": [int] | None, "cgroup_cpus": float | None,
                     "cgroup_source": str | None, "cpus": float | None},
      "numa": [{"node": int, "cpus": [int], "memory_bytes": int | None}],
-     "memory": {"total": bytes, "available": bytes}, "hugepages": {"total", "free", "size_kib"},
+     "memory": {"total", "available", "cgroup_limit", "cgroup_usage"} (bytes), "hugepages": {"total", "free", "size_kib"},
      "llama": {"text": str | None, "features": {"AVX2": "1", ...}, "backends": [str]},
      "accelerators": {"lspci": {"status", "detail"}, "pci": [{"slot", "class", "class_code",
                       "vendor_id", "device_id", "name"}], "drm": [{"card", "vendor_id",
@@ -97,27 +97,66 @@ def cpu_section(host: Host, info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cgroup_cpus(host: Host) -> tuple[float | None, str | None]:
-    """The CPU quota of this process's cgroup in CPUs (``cpu.max`` of cgroup v2, else
-    ``cpu.cfs_quota_us / cpu.cfs_period_us`` of v1); ``(None, None)`` when unlimited/unknown."""
+def _cgroup_paths(host: Host) -> dict[str, str]:
+    """This process's cgroup path per controller from ``/proc/self/cgroup`` (``""``: v2)."""
     paths = {}
     for line in (host.read("/proc/self/cgroup") or "").splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3:
-            for controller in parts[1].split(",") or [""]:
+            for controller in parts[1].split(","):
                 paths[controller] = parts[2]
-    v2 = paths.get("", "/")
-    for base in (f"/sys/fs/cgroup{v2}".rstrip("/"), "/sys/fs/cgroup"):
+    return paths
+
+
+def _up_the_tree(mount: str, path: str) -> list[str]:
+    """``mount + path`` and each of its ancestors up to ``mount`` (a limit set on a parent
+    cgroup, a systemd slice or a Kubernetes pod, binds its children too)."""
+    parts = [p for p in path.split("/") if p]
+    return [f"{mount}/{'/'.join(parts[:i])}".rstrip("/") for i in range(len(parts), -1, -1)]
+
+
+def _cgroup_cpus(host: Host) -> tuple[float | None, str | None]:
+    """The CPU quota of this process's cgroup in CPUs, the tightest along its path (``cpu.max``
+    of cgroup v2, else ``cpu.cfs_quota_us / cpu.cfs_period_us`` of v1), with the file it
+    comes from; ``(None, None)`` when unlimited or unknown."""
+    paths = _cgroup_paths(host)
+    found: list[tuple[float, str]] = []
+    for base in _up_the_tree("/sys/fs/cgroup", paths.get("", "/")):
         quota = (_text(host, f"{base}/cpu.max") or "").split()
         if len(quota) == 2 and quota[0] != "max" and _int(quota[0]) and _int(quota[1]):
-            return round(int(quota[0]) / int(quota[1]), 2), f"{base}/cpu.max"
-    v1 = paths.get("cpu", "/")
-    for base in (f"/sys/fs/cgroup/cpu{v1}".rstrip("/"), "/sys/fs/cgroup/cpu"):
+            found.append((round(int(quota[0]) / int(quota[1]), 2), f"{base}/cpu.max"))
+    for base in _up_the_tree("/sys/fs/cgroup/cpu", paths.get("cpu", "/")):
         quota_us = _int(_text(host, f"{base}/cpu.cfs_quota_us"))
         period_us = _int(_text(host, f"{base}/cpu.cfs_period_us"))
         if quota_us and quota_us > 0 and period_us:
-            return round(quota_us / period_us, 2), f"{base}/cpu.cfs_quota_us"
-    return None, None
+            found.append((round(quota_us / period_us, 2), f"{base}/cpu.cfs_quota_us"))
+    return min(found) if found else (None, None)
+
+
+UNLIMITED_V1 = 1 << 62  # cgroup v1 writes a page-rounded 2^63 for "no limit"
+
+
+def cgroup_memory(host: Host) -> tuple[int | None, int | None]:
+    """``(limit, usage)`` in bytes of this process's cgroup memory, the tightest limit along
+    its path (``memory.max`` / ``memory.current`` of v2, ``memory.limit_in_bytes`` /
+    ``memory.usage_in_bytes`` of v1); None where unlimited or unknown."""
+    paths = _cgroup_paths(host)
+    found: list[tuple[int, int | None]] = []
+    for base in _up_the_tree("/sys/fs/cgroup", paths.get("", "/")):
+        limit = _int(_text(host, f"{base}/memory.max"))
+        if limit:
+            found.append((limit, _int(_text(host, f"{base}/memory.current"))))
+    for base in _up_the_tree("/sys/fs/cgroup/memory", paths.get("memory", "/")):
+        limit = _int(_text(host, f"{base}/memory.limit_in_bytes"))
+        if limit and limit < UNLIMITED_V1:
+            found.append((limit, _int(_text(host, f"{base}/memory.usage_in_bytes"))))
+    return min(found, key=lambda f: f[0]) if found else (None, None)
+
+
+def memory_section(host: Host) -> dict[str, Any]:
+    """Total and available memory (psutil, bytes) and the cgroup's limit and usage."""
+    limit, usage = cgroup_memory(host)
+    return {**host.memory(), "cgroup_limit": limit, "cgroup_usage": usage}
 
 
 def cpu_budget_section(host: Host) -> dict[str, Any]:
@@ -303,7 +342,7 @@ def collect(host: Host, *, cpu_info: dict[str, Any] | None = None) -> dict[str, 
         "cpu": cpu_section(host, info),
         "cpu_budget": cpu_budget_section(host),
         "numa": numa_section(host),
-        "memory": host.memory(),
+        "memory": memory_section(host),
         "hugepages": hugepages_section(host),
         "llama": llama_section(host),
         "accelerators": accelerators_section(host),
@@ -320,7 +359,7 @@ def collect(host: Host, *, cpu_info: dict[str, Any] | None = None) -> dict[str, 
 def identity(inventory: dict[str, Any]) -> dict[str, Any]:
     """What must not change under a validated node without a new validation: CPU, budget,
     NUMA layout, total memory, hugepages, llama.cpp's build, accelerators and their driver,
-    modules with versions, firmware, kernel release."""
+    driver modules with their versions, firmware, kernel release."""
     accelerators = inventory.get("accelerators") or {}
     return {
         "cpu": {k: (inventory.get("cpu") or {}).get(k) for k in ("model", "flags", "microcode")},
@@ -339,10 +378,18 @@ def identity(inventory: dict[str, Any]) -> dict[str, Any]:
             g.get("driver_version") or ""
             for g in (accelerators.get("nvidia_smi") or {}).get("gpus") or []
         ),
-        "modules": (inventory.get("modules") or {}).get("loaded"),
+        "modules": _driver_modules((inventory.get("modules") or {}).get("loaded")),
         "firmware": inventory.get("firmware"),
         "kernel": (inventory.get("kernel") or {}).get("release"),
     }
+
+
+def _driver_modules(loaded: Any) -> dict[str, str] | None:
+    """The modules whose change matters: those with a version (out-of-tree drivers such as
+    nvidia) and the accelerator drivers; a routine load (veth, loop) is not a change."""
+    if not isinstance(loaded, dict):
+        return None
+    return {n: v for n, v in loaded.items() if v or n in ACCELERATOR_MODULES}
 
 
 def fingerprint(inventory: dict[str, Any]) -> str:

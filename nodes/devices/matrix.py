@@ -6,6 +6,7 @@ YAML once; tests feed it fixture machines' inventories.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,8 @@ def repack_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
 
 def memory_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
     """KV cache (sequences x context x bytes per token) + model + host-RAM budget against the
-    memory available plus what the node already holds."""
+    memory free to the node (available, or what its cgroup's limit leaves when tighter) plus
+    what the node already holds."""
     e = facts.engine
     memory = facts.inventory.get("memory") or {}
     if not memory.get("available") or not e.get("kv_bytes_per_token"):
@@ -188,11 +190,14 @@ def memory_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
         ]
     kv = int(e["sequences"]) * int(e["ctx_per_seq"]) * int(e["kv_bytes_per_token"])
     need = kv + int(e.get("model_bytes") or 0) + int(e.get("host_ram_bytes") or 0)
-    have = int(memory["available"]) + int(e.get("held_bytes") or 0)
+    free, where = int(memory["available"]), "available to this node"
+    limit, usage = memory.get("cgroup_limit"), memory.get("cgroup_usage")
+    if isinstance(limit, int) and limit - int(usage or 0) < free:
+        free, where = limit - int(usage or 0), f"left under its cgroup's limit of {_gib(limit)}"
+    have = max(0, free) + int(e.get("held_bytes") or 0)
     what = (
         f"{e['sequences']} sequences × {int(e['ctx_per_seq']):,} tokens need {_gib(kv)} of KV "
-        f"cache, {_gib(need)} with the model and host-RAM budget; {_gib(have)} "
-        "available to this node"
+        f"cache, {_gib(need)} with the model and host-RAM budget; {_gib(have)} {where}"
     )
     spec = matrix["memory"]
     if need > have * float(spec["fail_above"]):
@@ -230,7 +235,9 @@ def threads_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
 def numa_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
     numa = facts.inventory.get("numa") or []
     mine = set((facts.inventory.get("cpu_budget") or {}).get("affinity") or [])
-    if len(numa) <= 1 or not mine:
+    if len(numa) > 1 and not mine:
+        return [RuleResult("numa", WARN, "unknown: the node's CPUs could not be read")]
+    if len(numa) <= 1:
         return [
             RuleResult(
                 "numa",
@@ -281,13 +288,10 @@ def kernel_error_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in str(text).split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+    """``"535.161.08"`` -> ``(535, 161, 8)``: the leading dotted numbers; () when there are
+    none ("N/A")."""
+    match = re.match(r"\s*(\d+(?:\.\d+)*)", str(text))
+    return tuple(int(p) for p in match.group(1).split(".")) if match else ()
 
 
 def accelerator_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
@@ -323,31 +327,40 @@ def _driver_version(facts: Facts, spec: dict[str, Any]) -> str:
 def _family_rules(
     facts: Facts, family: str, spec: dict[str, Any], found: list[dict[str, Any]]
 ) -> list[RuleResult]:
+    """Module loaded, driver at the minimum, backend built in. A missing module or an old
+    driver fails a node whose llama.cpp would use the device; without that backend the node
+    serves from its CPUs anyway, so they only warn."""
     rule = f"accelerators.{family}"
     names = "; ".join(d.get("name", "?") for d in found)
+    built = bool(
+        set((facts.inventory.get("llama") or {}).get("backends") or []) & set(spec["backends"])
+    )
+    severe = FAIL if built else WARN
     modules = facts.inventory.get("modules") or {}
     loaded = modules.get("loaded") or {}
     if modules.get("status") == "ok" and not any(m in loaded for m in spec["modules"]):
         return [
             RuleResult(
                 rule,
-                FAIL,
+                severe,
                 f"{names} present but its module ({' or '.join(spec['modules'])}) is not loaded: "
                 "install the vendor's driver and modprobe it",
             )
         ]
     version = _driver_version(facts, spec)
     minimum = str(spec.get("min_driver") or "")
+    if minimum and version and not _version_tuple(version):
+        return [RuleResult(rule, WARN, f"{names}: driver version {version!r} cannot be read")]
     if minimum and version and _version_tuple(version) < _version_tuple(minimum):
         return [
             RuleResult(
                 rule,
-                FAIL,
-                f"{names}: driver {version} is older than {minimum}, the matrix's minimum: upgrade the driver",
+                severe,
+                f"{names}: driver {version} is older than {minimum}, the matrix's minimum: "
+                "upgrade the driver",
             )
         ]
-    backends = set((facts.inventory.get("llama") or {}).get("backends") or [])
-    if not backends & set(spec["backends"]):
+    if not built:
         return [
             RuleResult(
                 rule,

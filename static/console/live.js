@@ -51,7 +51,7 @@
 
   function bindNodesTable() {
     const table = document.getElementById("nodes-table");
-    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, error: msg.node.error, failures: msg.node.failures}));
+    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, error: msg.node.error, failures: msg.node.failures, validation: msg.node.validation}));
     on("node_removed", id => document.querySelectorAll(`[data-node="${CSS.escape(id)}"]`).forEach(r => r.classList.add("removed")));
     on("snapshot", snap => {
       for (const [id, n] of Object.entries(snap.nodes)) {
@@ -61,11 +61,11 @@
           const tr = document.createElement("tr");
           tr.dataset.node = id;
           const cols = table.querySelectorAll("thead th").length;
-          tr.innerHTML = `<td><a href="/nodes/${encodeURIComponent(id)}/">${esc(id)}</a></td><td class="mono">${esc(n.address)}</td><td><span data-field="state"></span></td><td>${esc(n.package || "—")}</td><td></td><td data-field="sessions"></td><td data-field="load"></td><td data-field="tps"></td><td data-field="cpu"></td><td class="err" data-field="error"></td>` + (cols > 10 ? "<td><small>reload for actions</small></td>" : "");
+          tr.innerHTML = `<td><a href="/nodes/${encodeURIComponent(id)}/">${esc(id)}</a></td><td class="mono">${esc(n.address)}</td><td><span data-field="state"></span></td><td><a href="/validation/${encodeURIComponent(id)}/" data-field="validation"></a></td><td>${esc(n.package || "—")}</td><td></td><td data-field="sessions"></td><td data-field="load"></td><td data-field="tps"></td><td data-field="cpu"></td><td class="err" data-field="error"></td>` + (cols > 11 ? "<td><small>reload for actions</small></td>" : "");
           tbody.appendChild(tr);
         }
         const load = n.total ? ((n.active || 0) + (n.queue || 0)) / n.total : null;
-        applyNode(id, {state: n.state, sessions: n.sessions, error: n.error, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
+        applyNode(id, {state: n.state, validation: n.validation, sessions: n.sessions, error: n.error, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
                        cpu: fmt(n.cpu), load: load == null ? "?" : load.toFixed(2)});
       }
       if (table) table.querySelectorAll("tbody tr[data-node]").forEach(r => r.classList.toggle("removed", !(r.dataset.node in snap.nodes)));

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -140,3 +142,29 @@ def page_as(browser, array):
     yield make
     for context in contexts:
         context.close()
+
+
+class ShellArray:
+    """A control plane on a fresh SQLite (``url``) whose database tests change with ``manage.py
+    shell`` code (``shell``), playing the control loop's part."""
+
+    def __init__(self, url: str, env: dict[str, str]) -> None:
+        self.url, self.env = url, env
+
+    def shell(self, code: str) -> None:
+        from tests.support.processes import manage_shell
+
+        manage_shell(self.env, code)
+
+
+@contextmanager
+def shell_array(home: Path, setup: str) -> Iterator[ShellArray]:
+    """A ``ShellArray`` under ``PHALANX_HOME=home``, its database set up by ``setup`` (Python
+    run in ``manage.py shell``); the control plane stops at the end."""
+    from tests.support.processes import control_plane_at_home
+
+    daphne, _token, extra = control_plane_at_home(home, setup=setup)
+    try:
+        yield ShellArray(daphne.url, extra)
+    finally:
+        daphne.stop()

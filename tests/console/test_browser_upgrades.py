@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.conftest import BROWSER_USERS_SETUP
+from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, shell_array
 from tests.console.test_browser import CHROMIUM, shot
-from tests.support.processes import control_plane_at_home, manage_shell
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 pytestmark = [
@@ -49,21 +48,10 @@ for i in range(6):
 )
 
 
-class Array:
-    def __init__(self, url: str, env: dict[str, str]) -> None:
-        self.url, self.env = url, env
-
-    def shell(self, code: str) -> None:
-        manage_shell(self.env, code)
-
-
 @pytest.fixture(scope="module")
-def array(tmp_path_factory) -> Iterator[Array]:
-    daphne, _token, extra = control_plane_at_home(tmp_path_factory.mktemp("home"), setup=SETUP)
-    try:
-        yield Array(daphne.url, extra)
-    finally:
-        daphne.stop()
+def array(tmp_path_factory) -> Iterator[ShellArray]:
+    with shell_array(tmp_path_factory.mktemp("home"), SETUP) as array:
+        yield array
 
 
 DRAWN_LINES = "() => document.querySelectorAll('#traffic-chart .scatterlayer .trace').length"

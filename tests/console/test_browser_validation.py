@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.conftest import BROWSER_USERS_SETUP
+from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, shell_array
 from tests.console.test_browser import CHROMIUM, shot
-from tests.support.processes import control_plane_at_home, manage_shell
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
@@ -56,21 +55,10 @@ validation_finish(run, machine_report("xeon-2numa-avx512", decode_8=250.0, threa
 """
 
 
-class Array:
-    def __init__(self, url: str, env: dict[str, str]) -> None:
-        self.url, self.env = url, env
-
-    def shell(self, code: str) -> None:
-        manage_shell(self.env, code)
-
-
 @pytest.fixture(scope="module")
-def array(tmp_path_factory) -> Iterator[Array]:
-    daphne, _token, extra = control_plane_at_home(tmp_path_factory.mktemp("home"), setup=SETUP)
-    try:
-        yield Array(daphne.url, extra)
-    finally:
-        daphne.stop()
+def array(tmp_path_factory) -> Iterator[ShellArray]:
+    with shell_array(tmp_path_factory.mktemp("home"), SETUP) as array:
+        yield array
 
 
 DRAWN_BARS = "() => document.querySelectorAll('#bench-chart .barlayer .trace').length"

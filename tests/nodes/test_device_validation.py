@@ -5,11 +5,13 @@ change with its diff, restarts, external nodes, one run per machine."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
+from django.utils import timezone
 
 from inference.models import ModelPackage, RoutingPolicy
 from inference.services import token_create
@@ -211,3 +213,95 @@ def test_it_validates_a_node_again_when_its_address_changes(fleet):
     node = Node.objects.get()
     node_upsert(node_id="node-01", address="127.0.0.1:9", package_id=node.package_id)
     assert validation_of("node-01") == "pending"
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("a string", "not a JSON object"),
+        ({"inventory": {}, "engine": {}, "bench": {}}, "lacks numbers for threads"),
+        ("bench-string", "lacks numbers for memory_bandwidth_gb_s"),
+        ("cpu-string", "AttributeError"),
+    ],
+)
+def test_it_errors_a_malformed_report_without_holding_up_other_runs(fleet, bad, why):
+    good_report = report("nvidia-l4", threads=4)
+    if bad == "bench-string":
+        bad = {**good_report, "bench": {**good_report["bench"], "memory_bandwidth_gb_s": "fast"}}
+    elif bad == "cpu-string":
+        bad = {**good_report, "inventory": {**good_report["inventory"], "cpu": "x86"}}
+    broken = fleet("node-01", good_report)
+    broken.validation_report = bad
+    fleet("node-02", report("nvidia-l4", threads=4, instance="i-2"))
+    settle()
+    runs = {r.node.node_id: r for r in ValidationRun.objects.select_related("node")}
+    assert runs["node-01"].state == "error" and why in runs["node-01"].reason
+    assert runs["node-02"].state == "warned"
+    assert validation_of("node-01") == "failed"
+
+
+def test_it_retries_a_run_that_could_not_finish_after_a_backoff(fleet):
+    fake = fleet("node-01", report("nvidia-l4", threads=4))
+    fake.validation_report = "garbage"
+    settle()
+    assert ValidationRun.objects.get().state == "error"
+    ControlLoop().tick()  # the same agent, right after: no new run yet
+    assert ValidationRun.objects.count() == 1
+    assert dv.retry_delay_s(1) == 60 and dv.retry_delay_s(3) == 240 and dv.retry_delay_s(20) == 3600
+    ValidationRun.objects.update(finished_at=timezone.now() - timedelta(seconds=61))
+    speaking(fake, report("nvidia-l4", threads=4))
+    settle()
+    retry = ValidationRun.objects.first()
+    assert (retry.trigger, retry.state) == ("retry", "warned")
+
+
+def test_a_waiver_given_during_a_run_stands(fleet):
+    fake = fleet("node-01", report("cgroup-limited", threads=4))
+    fake.validation_polls = 3
+    ControlLoop().tick()
+    dv.validation_step()
+    dv.validation_waive(node_id="node-01", reason="known limits", by="ann")
+    settle()
+    assert ValidationRun.objects.get().state == "failed"
+    assert validation_of("node-01") == "waived"
+
+
+def test_a_node_switched_to_another_package_loses_its_measured_speed(fleet, package):
+    fleet("node-01", report("nvidia-l4", decode_8=100.0, threads=4))
+    fleet("node-02", report("nvidia-l4", decode_8=300.0, threads=4, instance="i-2"))
+    settle()
+    other = ModelPackage.objects.create(name="other", version="1", gguf_path="/x", sha256="1" * 64)
+    Node.objects.filter(node_id="node-02").update(package=other)  # as an upgrade switches it
+    dv.speeds_refresh(package_id=other.pk)
+    dv.speeds_refresh(package_id=package.pk)
+    speeds = dict(Node.objects.values_list("node_id", "measured_speed"))
+    assert speeds == {"node-01": 1.0, "node-02": None}
+
+
+def test_a_config_file_or_up_keeps_the_operators_weight_override(fleet, package):
+    fleet("node-01", report("nvidia-l4", threads=4))
+    Node.objects.update(weight_measured=False)
+    node_upsert(node_id="node-01", address=Node.objects.get().address, package_id=package.pk)
+    assert Node.objects.get().weight_measured is False
+
+
+def test_models_are_listed_only_when_a_validated_node_serves_them(fleet):
+    from inference.selectors import packages_served
+
+    fleet("node-01", report("nvidia-l4", threads=4))
+    ControlLoop().tick()
+    assert packages_served() == []  # up, but validating
+    settle()
+    assert [name for name, _ in packages_served()] == [MODEL]
+
+
+def test_the_migration_waives_nodes_registered_before_validation(package):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("nodes.migrations.0005_device_validation")
+    node_upsert(node_id="node-01", address="127.0.0.1:9", package_id=package.pk)
+    migration.waive_existing_nodes(apps, None)
+    node = Node.objects.get()
+    assert node.validation == "waived" and node.device_instance == ""

@@ -2,7 +2,8 @@
 the page's "validate now" and ``POST /api/nodes/{id}/validations``). It advances the run
 itself, so it works with or without a control loop (both may step it). Progress goes to
 stderr; the last line on stdout is one JSON object: ``state``, ``seconds``, ``rules``,
-``bench``, ``pool``, ``changes``. Exits 1 when the node failed or the run errored.
+``bench``, ``pool``, ``changes``. Exits 1 when the node failed, the run errored or did not
+end in time.
 ``--no-wait`` queues the run and prints it; ``--waive REASON`` lets the node serve without
 passing (admin's decision, audited)."""
 
@@ -44,7 +45,7 @@ class Command(BaseCommand):
             run = validation_wait(run, on_step=self._progress)
         run = ValidationRun.objects.select_related("node").get(pk=run.pk)
         self.stdout.write(_run_out(run, ValidationRunOut).model_dump_json())
-        if run.state in (ValidationRun.State.FAILED, ValidationRun.State.ERROR):
+        if not run.ended or run.state in (ValidationRun.State.FAILED, ValidationRun.State.ERROR):
             sys.exit(1)
 
     def _progress(self, run: ValidationRun) -> None:

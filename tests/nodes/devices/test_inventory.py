@@ -95,7 +95,7 @@ def test_it_says_unknown_for_garbage_instead_of_crashing(machine):
     assert inv["cpu"]["model"] is None and inv["cpu"]["flags"] == []
     assert inv["cpu_budget"]["cpus"] is None
     assert inv["numa"] == [{"node": 0, "cpus": [], "memory_bytes": None}]
-    assert inv["memory"] == {}
+    assert inv["memory"] == {"cgroup_limit": None, "cgroup_usage": None}
     assert inv["hugepages"] == {"total": None, "free": None, "size_kib": None}
     assert inv["accelerators"]["pci"] == []
     assert inv["accelerators"]["drm"] == [
@@ -163,3 +163,26 @@ def test_it_says_what_a_list_gained_and_lost(machine):
         ["avx512f"],
         ["avx2"],
     )
+
+
+def test_it_reads_memory_and_cpu_limits_set_on_a_parent_cgroup(machine_copy):
+    path = machine_copy("cgroup-limited")
+    pod = path / "root/sys/fs/cgroup/kubepods/burstable/pod1234"
+    (pod / "cpu.max").write_text("150000 100000\n")  # tighter than the container's 2 CPUs
+    (pod / "memory.max").write_text(f"{4 << 30}\n")
+    (pod / "memory.current").write_text(f"{1 << 30}\n")
+    (pod / "cri-abc/memory.max").write_text("max\n")
+    inv = collect(RecordedHost(path))
+    assert inv["cpu_budget"]["cgroup_cpus"] == 1.5
+    assert inv["cpu_budget"]["cgroup_source"].endswith("pod1234/cpu.max")
+    assert (inv["memory"]["cgroup_limit"], inv["memory"]["cgroup_usage"]) == (4 << 30, 1 << 30)
+
+
+def test_a_routine_module_load_is_not_a_change(machine, machine_copy):
+    before = collect(machine("nvidia-l4"))
+    path = machine_copy("nvidia-l4")
+    with open(path / "root/proc/modules", "a") as modules:
+        modules.write("veth 36864 0 - Live 0x0000000000000000\n")
+    after = collect(RecordedHost(path))
+    assert "veth" in after["modules"]["loaded"]
+    assert fingerprint(after) == fingerprint(before)

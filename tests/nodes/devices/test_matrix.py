@@ -79,14 +79,30 @@ def test_it_passes_a_gpu_with_its_backend_built_in(machine):
 
 def test_it_fails_a_gpu_whose_driver_is_older_than_the_matrix(machine):
     inventory = collect(machine("nvidia-l4"))
+    inventory["llama"]["backends"] = ["CUDA", "CPU"]
     inventory["accelerators"]["nvidia_smi"]["gpus"][0]["driver_version"] = "470.239.06"
     status, reason = results(inventory)["accelerators.nvidia"]
     assert status == "fail"
     assert "driver 470.239.06 is older than 535.54" in reason
+    # a CPU-only build serves without the GPU: the old driver is a warning there
+    inventory["llama"]["backends"] = ["CPU"]
+    assert results(inventory)["accelerators.nvidia"][0] == "warn"
+
+
+def test_it_reads_driver_versions_by_their_leading_numbers(machine):
+    inventory = collect(machine("nvidia-l4"))
+    inventory["llama"]["backends"] = ["CUDA", "CPU"]
+    gpu = inventory["accelerators"]["nvidia_smi"]["gpus"][0]
+    gpu["driver_version"] = "550.54rc1"
+    assert results(inventory)["accelerators.nvidia"][0] == "pass"
+    gpu["driver_version"] = "N/A"
+    status, reason = results(inventory)["accelerators.nvidia"]
+    assert status == "warn" and "cannot be read" in reason
 
 
 def test_it_fails_a_gpu_whose_module_is_not_loaded(machine):
     inventory = collect(machine("nvidia-l4"))
+    inventory["llama"]["backends"] = ["CUDA", "CPU"]
     inventory["modules"]["loaded"] = {"ixgbe": ""}
     status, reason = results(inventory)["accelerators.nvidia"]
     assert status == "fail" and "module (nvidia) is not loaded" in reason
@@ -149,3 +165,18 @@ def test_it_reads_its_rules_from_the_data_file(machine):
     matrix["numa"]["status_spanning"] = "fail"
     facts = Facts(collect(machine("xeon-2numa-avx512")), ENGINE, BENCH)
     assert {r.rule: r.status for r in evaluate(facts, matrix)}["numa"] == "fail"
+
+
+def test_it_counts_the_cgroups_memory_limit_not_the_hosts(machine):
+    inventory = collect(machine("xeon-2numa-avx512"))  # 238 GiB available on the host
+    inventory["memory"]["cgroup_limit"] = 2 << 30
+    inventory["memory"]["cgroup_usage"] = 1 << 30
+    status, reason = results(inventory, engine={"held_bytes": 0})["memory"]
+    assert status == "fail"
+    assert "1.0 GiB left under its cgroup's limit of 2.0 GiB" in reason
+
+
+def test_it_warns_when_the_nodes_cpus_are_unknown_on_a_numa_machine(machine):
+    inventory = collect(machine("xeon-2numa-avx512"))
+    inventory["cpu_budget"]["affinity"] = None
+    assert results(inventory)["numa"][0] == "warn"
