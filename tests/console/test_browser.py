@@ -105,17 +105,20 @@ def agent(array, tmp_path_factory) -> Iterator[Proc]:
 
 @pytest.fixture
 def healthy_node(array, agent) -> str:
-    """The agent registered and up (registered through the API if a test has not already)."""
+    """The agent registered, up and validated by the array's control loop (registered through
+    the API if a test has not already)."""
     address = agent.url.removeprefix("http://")
     body = {"node_id": NODE_ID, "address": address, "package": PACKAGE}
     if array.api("GET", f"/nodes/{NODE_ID}").status_code == 404:
         assert array.api("PUT", f"/nodes/{NODE_ID}", json=body).status_code in (200, 201)
     array.api("POST", f"/nodes/{NODE_ID}/undrain")
-    deadline = time.monotonic() + 60
-    while array.api("GET", f"/nodes/{NODE_ID}").json()["state"] != "up":
-        assert time.monotonic() < deadline, "node did not come up"
+    deadline = time.monotonic() + 120
+    while True:
+        node = array.api("GET", f"/nodes/{NODE_ID}").json()
+        if node["state"] == "up" and node["validation"] in ("passed", "warned"):
+            return NODE_ID
+        assert time.monotonic() < deadline, f"node did not come up validated: {node}"
         time.sleep(0.3)
-    return NODE_ID
 
 
 def shot(page, name: str) -> None:

@@ -13,6 +13,7 @@ from nodes.control import ControlLoop
 from nodes.models import Node
 from tests.fakenode import FakeNode
 from tests.support.processes import Proc, start_node
+from tests.support.validation import mark_validated
 
 MODEL = "smollm2-test"
 PACKAGE = "smollm2-135m-instruct-q4_1"  # the bundled model, served by real nodes
@@ -105,6 +106,7 @@ def inventory(*procs: Proc) -> str:
         Node.objects.update_or_create(
             node_id=node_id, defaults={"address": address(proc), "package": package}
         )
+        mark_validated(node_id, proc.url)  # the subject here is serving, not validation
     policy = RoutingPolicy.load()
     policy.request_timeout_s, policy.connect_timeout_s, policy.canary_idle_s = 30.0, 1.0, 0
     policy.save()
