@@ -41,7 +41,7 @@ class ControlPlane:
             "nodes, policy = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
             f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
             "for node_id, address in nodes.items():\n"
-            "    Node.objects.create(validation='passed', node_id=node_id, address=address, package=pkg, state='up',\n"
+            "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
             "                        last_probe_at=timezone.now())\n"
             "p = RoutingPolicy.load()\n"
             "for k, v in policy.items(): setattr(p, k, v)\n"
@@ -62,21 +62,26 @@ class ControlPlane:
             [sys.executable, "manage.py", "controlloop"], log_dir / "controlloop.log", env=self.env
         )
         self.server = start_control_plane(port, log_dir, env=self.env)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 + 30 * len(nodes)  # the loop validates each node
         while time.monotonic() < deadline:
             if self.server.popen.poll() is not None:
                 raise RuntimeError(self.server.log()[-3000:])
-            try:
-                if (
-                    httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=1).status_code
-                    == 200
-                ):
-                    time.sleep(2.5)  # let the control loop scrape every node's load once
-                    return
-            except httpx.HTTPError:
-                pass
+            if self._validated():
+                time.sleep(2.5)  # let the control loop scrape every node's load once
+                return
             time.sleep(0.2)
         raise RuntimeError(f"control plane not ready:\n{self.server.log()[-3000:]}")
+
+    def _validated(self) -> bool:
+        """True when every node is up and has passed device validation (the control loop
+        validates each node before it takes traffic, one per machine at a time)."""
+        try:
+            listed = httpx.get(f"{self.url}/api/nodes", headers=self.headers, timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return bool(listed) and all(
+            n.get("state") == "up" and n.get("validation") in ("passed", "warned") for n in listed
+        )
 
     def stop(self) -> None:
         self.server.stop()

@@ -129,8 +129,9 @@ def build_rules(facts: Facts, matrix: dict[str, Any], flags: set[str]) -> list[R
             RuleResult(
                 "cpu.build",
                 WARN,
-                f"the CPU has {', '.join(unused)} but this llama.cpp build does not use it: "
-                "rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_NATIVE=ON",
+                f"the CPU has {', '.join(unused)} but this llama.cpp build does not use them: "
+                "a build for this CPU (make install LLAMA_CMAKE_ARGS=-DGGML_NATIVE=ON, where "
+                "the kernel lets processes use them; docs/validation.md) may run faster",
             )
         ]
     return [
