@@ -95,6 +95,22 @@ def api(tokens) -> Callable[..., object]:
 
 # --- browser tests (test_browser*.py): Debian's chromium through Playwright ---------------------
 
+
+def browser_marks() -> list:
+    """``pytestmark`` of a browser test module: e2e, skipped without Debian's chromium."""
+    import shutil
+
+    from tests.console.test_browser import CHROMIUM
+
+    return [
+        pytest.mark.e2e,
+        pytest.mark.skipif(
+            not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
+            reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
+        ),
+    ]
+
+
 BROWSER_PASSWORD = "browser-test-pw"  # every browser test's users log in with it
 # ``manage.py shell`` code that makes the users browser tests log in as (admin, operator, viewer)
 BROWSER_USERS_SETUP = f"""

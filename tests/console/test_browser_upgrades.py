@@ -5,23 +5,15 @@ the upgrade without a reload."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, shell_array
-from tests.console.test_browser import CHROMIUM, shot
+from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, browser_marks, shell_array
+from tests.console.test_browser import shot
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
-    ),
-]
+pytestmark = browser_marks()
 
 SETUP = (
     BROWSER_USERS_SETUP

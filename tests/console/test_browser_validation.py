@@ -7,24 +7,16 @@ the pool's, the diff of a firmware change, and "validate now" with live progress
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, shell_array
-from tests.console.test_browser import CHROMIUM, shot
+from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, browser_marks, shell_array
+from tests.console.test_browser import shot
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
-    ),
-]
+pytestmark = browser_marks()
 
 SETUP = (
     BROWSER_USERS_SETUP
