@@ -451,94 +451,133 @@ def _cpu_lists(cpus: list[int] | None) -> str:
     return ",".join(runs)
 
 
-def summary(inventory: dict[str, Any]) -> list[tuple[str, str]]:
-    """The inventory as a person reads it: ``[(label, text)]``, "unknown" where it is."""
-    cpu = inventory.get("cpu") or {}
-    budget = inventory.get("cpu_budget") or {}
-    memory = inventory.get("memory") or {}
-    huge = inventory.get("hugepages") or {}
-    llama = inventory.get("llama") or {}
-    acc = inventory.get("accelerators") or {}
-    modules = inventory.get("modules") or {}
-    errors = inventory.get("kernel_errors") or {}
-    firmware = inventory.get("firmware") or {}
-    simd = [
-        f
-        for f in (
-            "avx2",
-            "avx512f",
-            "avx512_vnni",
-            "avx_vnni",
-            "amx_int8",
-            "asimd",
-            "asimddp",
-            "i8mm",
-            "sve",
-        )
-        if f in (cpu.get("flags") or [])
+SIMD_SHOWN = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_int8",
+    "asimd",
+    "asimddp",
+    "i8mm",
+    "sve",
+)
+
+
+def _known(value: Any, otherwise: str = "unknown") -> str:
+    return otherwise if value is None else str(value)
+
+
+def _section(inventory: dict[str, Any], name: str) -> dict[str, Any]:
+    value = inventory.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _cpu_text(inv: dict[str, Any]) -> str:
+    cpu = _section(inv, "cpu")
+    return f"{cpu.get('model') or 'unknown'} ({cpu.get('arch') or '?'})"
+
+
+def _cores_text(inv: dict[str, Any]) -> str:
+    cpu = _section(inv, "cpu")
+    return f"{cpu.get('physical') or '?'} physical, {cpu.get('logical') or '?'} logical"
+
+
+def _simd_text(inv: dict[str, Any]) -> str:
+    flags = _section(inv, "cpu").get("flags") or []
+    return ", ".join(f for f in SIMD_SHOWN if f in flags) or "none of the ones llama.cpp uses"
+
+
+def _budget_text(inv: dict[str, Any]) -> str:
+    budget = _section(inv, "cpu_budget")
+    return (
+        f"{_known(budget.get('cpus'))} (affinity {_cpu_lists(budget.get('affinity'))}, "
+        f"cgroup {_known(budget.get('cgroup_cpus'), 'no quota')})"
+    )
+
+
+def _numa_text(inv: dict[str, Any]) -> str:
+    nodes = inv.get("numa") or []
+    parts = [
+        f"node {n.get('node')}: CPUs {_cpu_lists(n.get('cpus'))}, {_gib(n.get('memory_bytes'))}"
+        for n in nodes
     ]
+    return "; ".join(parts) or "unknown"
+
+
+def _memory_text(inv: dict[str, Any]) -> str:
+    memory = _section(inv, "memory")
+    text = f"{_gib(memory.get('total'))} total, {_gib(memory.get('available'))} available"
+    limit = memory.get("cgroup_limit")
+    return f"{text}, cgroup limit {_gib(limit)}" if limit else text
+
+
+def _hugepages_text(inv: dict[str, Any]) -> str:
+    huge = _section(inv, "hugepages")
+    return f"{_known(huge.get('total'))} × {huge.get('size_kib') or '?'} KiB"
+
+
+def _llama_text(inv: dict[str, Any]) -> str:
+    llama = _section(inv, "llama")
     on = [name for name, value in (llama.get("features") or {}).items() if value == "1"]
-    gpus = [
+    return f"{', '.join(llama.get('backends') or []) or 'unknown'}: {', '.join(on) or 'unknown'}"
+
+
+def _accelerators_text(inv: dict[str, Any]) -> str:
+    acc = _section(inv, "accelerators")
+    pci = [
         f"{d.get('name')} [{d.get('vendor_id')}:{d.get('device_id')}]" for d in acc.get("pci") or []
     ]
     smi = [
-        f"{g['name']} driver {g['driver_version']}"
+        f"{g.get('name')} driver {g.get('driver_version')}"
         for g in (acc.get("nvidia_smi") or {}).get("gpus") or []
     ]
-    bios = " ".join(
-        str(firmware.get(k))
-        for k in ("bios_vendor", "bios_version", "bios_date")
-        if firmware.get(k)
-    )
-    numa = inventory.get("numa") or []
-    return [
-        ("CPU", f"{cpu.get('model') or 'unknown'} ({cpu.get('arch') or '?'})"),
-        ("Cores", f"{cpu.get('physical') or '?'} physical, {cpu.get('logical') or '?'} logical"),
-        ("SIMD", ", ".join(simd) or "none of the ones llama.cpp uses"),
-        (
-            "CPU budget",
-            f"{budget.get('cpus') if budget.get('cpus') is not None else 'unknown'} "
-            f"(affinity {_cpu_lists(budget.get('affinity'))}, cgroup "
-            f"{budget.get('cgroup_cpus') if budget.get('cgroup_cpus') is not None else 'no quota'})",
-        ),
-        (
-            "NUMA",
-            "; ".join(
-                f"node {n['node']}: CPUs {_cpu_lists(n.get('cpus'))}, {_gib(n.get('memory_bytes'))}"
-                for n in numa
-            )
-            or "unknown",
-        ),
-        ("Memory", f"{_gib(memory.get('total'))} total, {_gib(memory.get('available'))} available"),
-        (
-            "Hugepages",
-            f"{huge.get('total') if huge.get('total') is not None else 'unknown'} × {huge.get('size_kib') or '?'} KiB",
-        ),
-        (
-            "llama.cpp",
-            f"{', '.join(llama.get('backends') or []) or 'unknown'}: {', '.join(on) or 'unknown'}",
-        ),
-        (
-            "Accelerators",
-            "; ".join(gpus + smi)
-            or (
-                "none"
-                if (acc.get("lspci") or {}).get("status") == "ok"
-                else f"unknown ({(acc.get('lspci') or {}).get('detail')})"
-            ),
-        ),
-        (
-            "Kernel modules",
-            f"{len(modules.get('loaded') or {})} loaded"
-            if modules.get("status") == "ok"
-            else "unknown (/proc/modules cannot be read)",
-        ),
-        ("Firmware", bios or "unknown (no /sys/class/dmi)"),
-        ("Kernel", str((inventory.get("kernel") or {}).get("release") or "unknown")),
-        (
-            "Kernel errors",
-            f"{errors.get('count')} since boot"
-            if errors.get("status") == "ok"
-            else f"unknown: {errors.get('detail') or errors.get('status')}",
-        ),
+    lspci = acc.get("lspci") or {}
+    fallback = "none" if lspci.get("status") == "ok" else f"unknown ({lspci.get('detail')})"
+    return "; ".join(pci + smi) or fallback
+
+
+def _modules_text(inv: dict[str, Any]) -> str:
+    modules = _section(inv, "modules")
+    if modules.get("status") != "ok":
+        return "unknown (/proc/modules cannot be read)"
+    return f"{len(modules.get('loaded') or {})} loaded"
+
+
+def _firmware_text(inv: dict[str, Any]) -> str:
+    firmware = _section(inv, "firmware")
+    parts = [
+        str(firmware[k]) for k in ("bios_vendor", "bios_version", "bios_date") if firmware.get(k)
     ]
+    return " ".join(parts) or "unknown (no /sys/class/dmi)"
+
+
+def _kernel_errors_text(inv: dict[str, Any]) -> str:
+    errors = _section(inv, "kernel_errors")
+    if errors.get("status") == "ok":
+        return f"{errors.get('count')} since boot"
+    return f"unknown: {errors.get('detail') or errors.get('status')}"
+
+
+SUMMARY_ROWS = (
+    ("CPU", _cpu_text),
+    ("Cores", _cores_text),
+    ("SIMD", _simd_text),
+    ("CPU budget", _budget_text),
+    ("NUMA", _numa_text),
+    ("Memory", _memory_text),
+    ("Hugepages", _hugepages_text),
+    ("llama.cpp", _llama_text),
+    ("Accelerators", _accelerators_text),
+    ("Kernel modules", _modules_text),
+    ("Firmware", _firmware_text),
+    ("Kernel", lambda inv: _known(_section(inv, "kernel").get("release"))),
+    ("Kernel errors", _kernel_errors_text),
+)
+
+
+def summary(inventory: dict[str, Any]) -> list[tuple[str, str]]:
+    """The inventory as a person reads it: ``[(label, text)]``, "unknown" where it is; a
+    section of the wrong shape reads as unknown too."""
+    inventory = inventory if isinstance(inventory, dict) else {}
+    return [(label, text(inventory)) for label, text in SUMMARY_ROWS]

@@ -186,3 +186,14 @@ def test_a_routine_module_load_is_not_a_change(machine, machine_copy):
     after = collect(RecordedHost(path))
     assert "veth" in after["modules"]["loaded"]
     assert fingerprint(after) == fingerprint(before)
+
+
+def test_it_summarises_an_inventory_for_a_person_and_survives_odd_shapes(machine):
+    from nodes.devices.inventory import summary
+
+    rows = dict(summary(collect(machine("cgroup-limited"))))
+    assert rows["CPU budget"] == "2.0 (affinity 0-15, cgroup 2.0)"
+    assert rows["Kernel errors"].startswith("unknown: dmesg: read kernel buffer failed")
+    assert rows["Firmware"] == "unknown (no /sys/class/dmi)"
+    odd = dict(summary({"cpu": "x86", "numa": [{}], "memory": [1]}))
+    assert odd["CPU"] == "unknown (?)" and odd["Memory"] == "unknown total, unknown available"
