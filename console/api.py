@@ -96,6 +96,7 @@ def _bad_input(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 from console.api_config import router as config_router  # noqa: E402
 from inference.api import router as inference_router  # noqa: E402
+from inference.api_loadtests import router as loadtests_router  # noqa: E402
 from inference.api_packages import router as packages_router  # noqa: E402
 from inference.api_upgrades import router as upgrades_router  # noqa: E402
 from nodes.api import router as nodes_router  # noqa: E402
@@ -104,6 +105,7 @@ from nodes.api_validation import router as validation_router  # noqa: E402
 api.add_router("/", nodes_router)
 api.add_router("/", packages_router)
 api.add_router("/", upgrades_router)
+api.add_router("/", loadtests_router)
 api.add_router("/", validation_router)
 api.add_router("/", config_router)
 api.add_router("/", inference_router)  # /api/sessions, /api/routing/policy

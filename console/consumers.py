@@ -14,6 +14,7 @@ otherwise the socket is closed with 4401 (no credentials) or 4403 (no role). The
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -78,3 +79,77 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def node_removed(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "node_removed", "node_id": event["node_id"]})
+
+
+LOADTEST_POLL_S = 0.5
+
+
+def _loadtest_state(run_id: int, after: int) -> dict[str, Any] | None:
+    """The run's state and its samples newer than ``after`` (ids), or None when no such run."""
+    from django.db import close_old_connections
+
+    from inference.loadtests.models import LoadTestRun, LoadTestSample
+
+    close_old_connections()
+    run = (
+        LoadTestRun.objects.filter(pk=run_id)
+        .values("state", "progress", "message", "live", "error", "stop_requested")
+        .first()
+    )
+    if run is None:
+        return None
+    samples = list(
+        LoadTestSample.objects.filter(run_id=run_id, id__gt=after)
+        .order_by("id")
+        .values("id", "t", "data")[:3600]
+    )
+    run["finished"] = run["state"] in LoadTestRun.FINISHED
+    return {"run": run, "samples": samples}
+
+
+class LoadTestConsumer(AsyncJsonWebsocketConsumer):
+    """``/ws/loadtests/<id>/``: a run's live figures. The worker is another process, so this
+    follows the run's row (every ``LOADTEST_POLL_S``) rather than a channel group.
+
+    Server -> client: ``{"type": "run", "run": {state, progress, message, live, error,
+    stop_requested, finished}, "samples": [{"id", "t", "data"}]}`` whenever either changed
+    (all kept samples first), then ``{"type": "finished", "state": ...}`` once the run has
+    ended. Errors: 4401/4403 as ``/ws/live/``, 4404 for an unknown run."""
+
+    task: asyncio.Task | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        principal = await _principal(self.scope)
+        if principal is None or principal.role is None:
+            code = CLOSE_UNAUTHORIZED if principal is None else CLOSE_FORBIDDEN
+            await self.send_json({"type": "error", "code": code, "message": "Not allowed."})
+            await self.close(code=code)
+            return
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        self.task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        state = sync_to_async(_loadtest_state, thread_sensitive=False)
+        after, last_run = 0, None
+        while True:
+            found = await state(self.run_id, after)
+            if found is None:
+                await self.send_json({"type": "error", "code": 4404, "message": "No such run."})
+                await self.close(code=4404)
+                return
+            if found["samples"] or found["run"] != last_run:
+                await self.send_json({"type": "run", **found})
+                after = found["samples"][-1]["id"] if found["samples"] else after
+                last_run = found["run"]
+            if found["run"]["finished"]:
+                await self.send_json({"type": "finished", "state": found["run"]["state"]})
+                return
+            await asyncio.sleep(LOADTEST_POLL_S)
+
+    async def disconnect(self, code: int) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen; anything they send is ignored."""

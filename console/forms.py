@@ -257,3 +257,70 @@ class UpgradeForm(forms.Form):
             "model": data.get("model") or None,
             "settings": settings,
         }
+
+
+class LoadTestForm(forms.Form):
+    """Start a load test (``inference.loadtests.services.loadtest_start``)."""
+
+    scenario = forms.ChoiceField(choices=(), help_text="Built-in or saved scenario.")
+    target_url = forms.CharField(
+        max_length=300,
+        required=False,
+        label="Target",
+        help_text="Base URL; blank: this array's own /v1 on loopback.",
+    )
+    token = forms.CharField(
+        max_length=300,
+        required=False,
+        widget=forms.PasswordInput,
+        help_text="Bearer token for another target (blank: one is minted for this array).",
+    )
+    profile = forms.BooleanField(required=False, help_text="Flame graphs (py-spy).")
+
+    def __init__(self, *args, **kwargs) -> None:
+        from inference.loadtests.services import scenario_list
+
+        super().__init__(*args, **kwargs)
+        self.fields["scenario"].choices = [(s.name, s.name) for s in scenario_list()]
+
+    def changes(self) -> dict:
+        data = self.cleaned_data
+        return {
+            "scenario": data["scenario"],
+            "target_url": data.get("target_url") or None,
+            "token": data.get("token") or "",
+            "profile": bool(data.get("profile")),
+        }
+
+
+class ScenarioForm(forms.Form):
+    """Save a scenario written as YAML (``scenario_save``)."""
+
+    yaml = forms.CharField(
+        label="Scenario (YAML)",
+        widget=forms.Textarea(attrs={"rows": 12, "class": "mono"}),
+        max_length=20_000,
+    )
+
+
+class CostModelForm(forms.Form):
+    """The cost model's inputs (``cost_model_update``)."""
+
+    power_w = forms.FloatField(min_value=0, label="Power per node (W)")
+    electricity_per_kwh = forms.FloatField(min_value=0, label="Electricity per kWh")
+    hardware_cost = forms.FloatField(min_value=0, label="Hardware per node")
+    amortization_months = forms.FloatField(min_value=0.1, label="Amortization (months)")
+    operations_per_month = forms.FloatField(min_value=0, label="Operations per node-month")
+    space_per_month = forms.FloatField(min_value=0, label="Rack space per node-month")
+    currency = forms.CharField(max_length=8)
+
+
+class CapacityForm(forms.Form):
+    """Plan capacity from a run's report (``loadtest_capacity``)."""
+
+    sessions = forms.IntegerField(
+        min_value=1, max_value=10_000_000, initial=1000, label="Concurrent sessions"
+    )
+    target_p95_s = forms.FloatField(
+        min_value=0.001, max_value=600, required=False, label="Target P95 (s)"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
-from console import upgrade_pages, validation_pages, views
+from console import loadtest_pages, upgrade_pages, validation_pages, views
 
 app_name = "console"
 
@@ -34,6 +34,14 @@ urlpatterns = [
         "upgrades/<int:upgrade_id>/<slug:action>/",
         upgrade_pages.upgrade_action,
         name="upgrade_action",
+    ),
+    path("loadtests/", loadtest_pages.loadtests, name="loadtests"),
+    path("loadtests/<int:run_id>/", loadtest_pages.loadtest, name="loadtest"),
+    path("loadtests/<int:run_id>/stop/", loadtest_pages.loadtest_stop, name="loadtest_stop"),
+    path(
+        "loadtests/<int:run_id>/profiles/<slug:name>.svg",
+        loadtest_pages.loadtest_profile,
+        name="loadtest_profile",
     ),
     path("validation/", validation_pages.validation, name="validation"),
     path("validation/<slug:node_id>/", validation_pages.validation_node, name="validation_node"),

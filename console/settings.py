@@ -20,6 +20,11 @@ PACKAGE_JOB_THREADS = int(os.environ.get("PHALANX_PACKAGE_JOB_THREADS", 1))
 PACKAGE_IMPORT_DIRS = [d for d in os.environ.get("PHALANX_IMPORT_DIRS", "").split(":") if d]
 PACKAGE_JOB_HEARTBEAT_S = 5.0  # a running job writes heartbeat_at this often
 PACKAGE_JOB_STALE_S = float(os.environ.get("PHALANX_PACKAGE_JOB_STALE_S", 30))  # no beat: dead
+# Load tests (docs/loadtests.md): the array's own URL, where a run sends its traffic unless it
+# names another target (manage.py up sets it to the control plane it starts), and how long a
+# running load test's worker may go without a heartbeat before it counts as dead.
+LOADTEST_TARGET_URL = os.environ.get("PHALANX_URL", "http://127.0.0.1:8000").rstrip("/")
+LOADTEST_STALE_S = float(os.environ.get("PHALANX_LOADTEST_STALE_S", 20))
 # Largest GGUF a browser or API upload may send (bytes; 16 GiB by default).
 PACKAGE_UPLOAD_MAX_BYTES = int(os.environ.get("PHALANX_PACKAGE_UPLOAD_MAX_BYTES", 16 << 30))
 

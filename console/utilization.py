@@ -101,7 +101,9 @@ def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host in ("localhost", "[::1]", "::1")
 
 
-def _find_pid(address: str) -> int | None:
+def listening_pid(address: str) -> int | None:
+    """The pid of the process listening on a loopback ``address`` (``host:port``), or None
+    (a remote address, nobody listening, or not allowed to see it)."""
     host, _, port = address.rpartition(":")
     if not _is_loopback(host) or not port.isdigit():
         return None
@@ -122,7 +124,7 @@ def process_usage(address: str) -> tuple[float | None, float | None]:
     if pid is None:
         if time.monotonic() - _pid_misses.get(address, -1e9) < 10.0:
             return None, None
-        pid = _find_pid(address)
+        pid = listening_pid(address)
         if pid is None:
             _pid_misses[address] = time.monotonic()
             return None, None

@@ -54,6 +54,7 @@ NAV = [
     ("packages", "Packages"),
     ("upgrades", "Upgrades"),
     ("validation", "Validation"),
+    ("loadtests", "Load tests"),
     ("routing", "Routing"),
     ("utilization", "Utilization"),
     ("playground", "Playground"),

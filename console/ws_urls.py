@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from django.urls import re_path
 
-from console.consumers import LiveConsumer
+from console.consumers import LiveConsumer, LoadTestConsumer
 
-websocket_urlpatterns = [re_path(r"^ws/live/?$", LiveConsumer.as_asgi())]
+websocket_urlpatterns = [
+    re_path(r"^ws/live/?$", LiveConsumer.as_asgi()),
+    re_path(r"^ws/loadtests/(?P<run_id>[0-9]+)/?$", LoadTestConsumer.as_asgi()),
+]

@@ -578,3 +578,11 @@ class UpgradeSample(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+from inference.loadtests.models import (  # noqa: E402, F401  (registered with this app)
+    CostModel,
+    LoadScenario,
+    LoadTestRun,
+    LoadTestSample,
+)

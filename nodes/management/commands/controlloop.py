@@ -1,6 +1,7 @@
 """``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``); each
 tick also keeps a utilization sample (``console.utilization.record_sample``) and starts,
-watches and cancels package jobs (``inference.packages.jobs.jobs_tick``). Rolling upgrades
+watches and cancels package jobs (``inference.packages.jobs.jobs_tick``) and starts load-test
+workers (``inference.loadtests.jobs.loadtests_tick``). Rolling upgrades
 step in a thread of their own (``inference.upgrades.driver.run``): a smoke test takes seconds
 and must not hold up health checks; so do device validations (``nodes.device_validation.run``)."""
 
@@ -12,6 +13,7 @@ import threading
 from django.core.management.base import BaseCommand
 
 from console.utilization import record_sample
+from inference.loadtests.jobs import loadtests_tick
 from inference.packages.jobs import jobs_shutdown, jobs_tick
 from inference.upgrades import driver as upgrades
 from nodes import device_validation
@@ -21,6 +23,7 @@ from nodes.control import ControlLoop
 def after_tick() -> None:
     record_sample()
     jobs_tick()
+    loadtests_tick()
 
 
 class Command(BaseCommand):

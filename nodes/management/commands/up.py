@@ -56,6 +56,11 @@ def _start_nodes(supervisor: Supervisor, result) -> None:
         )
 
 
+def _loopback(host: str) -> str:
+    """The address this machine reaches a control plane bound to ``host`` at."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
 class Command(BaseCommand):
     help = "Start the control plane, the control loop and N local node agents; Ctrl-C stops all."
 
@@ -98,8 +103,12 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, _raise_stop)
         code = 0
         try:
-            supervisor.start("control plane", control_plane_command(port=port, host=host))
-            supervisor.start("control loop", control_loop_command())
+            # load tests send their traffic to this control plane (settings.LOADTEST_TARGET_URL)
+            own_url = {"PHALANX_URL": f"http://{_loopback(host)}:{port}"}
+            supervisor.start(
+                "control plane", control_plane_command(port=port, host=host), env=own_url
+            )
+            supervisor.start("control loop", control_loop_command(), env=own_url)
             _start_nodes(supervisor, result)
             ready = wait_for_port(host, port, timeout=60)
             self._wait_for_nodes(result.nodes, supervisor)

@@ -1,0 +1,367 @@
+"""Load-test runs as jobs: the worker that runs one (``loadtest_execute``) and the control
+loop's side (``loadtests_tick``), which starts each queued run in its own process
+(``manage.py loadtestjob ID``), never in daphne.
+
+The row is the truth. The worker writes the live figures and a heartbeat once a second (and a
+``LoadTestSample`` row for the live page), and the records of each step when it ends. A run
+whose worker died (the machine, the control loop or the worker restarted; its heartbeat is
+older than ``LOADTEST_STALE_S``) is queued again and resumes after its last finished step, up
+to ``MAX_ATTEMPTS`` times; the steps it had finished keep their records. A stop is the row's
+``stop_requested``: the worker polls it four times a second and stops every open request.
+
+Claiming: ``queued -> running`` in one conditional UPDATE, by the control loop (which then
+starts the worker) or by ``manage.py loadtest`` running in its own process; each write of a
+worker goes through its ``Claim``, so a worker that was given up cannot write over the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from inference.loadtests.models import CostModel, LoadTestRun, LoadTestSample
+from inference.loadtests.profiling import Profiler
+from inference.loadtests.report import build_report
+from inference.loadtests.runner import LoadRun, Target
+from inference.loadtests.scenario import Scenario, parse_scenario
+
+log = logging.getLogger(__name__)
+State = LoadTestRun.State
+MAX_ATTEMPTS = 3
+VALIDATION_WAIT_S = 180.0
+_children: dict[int, subprocess.Popen] = {}  # run id -> worker this control loop started
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on its run: the row while ``running`` with this attempt number."""
+
+    run_id: int
+    attempt: int
+
+    def rows(self):
+        return LoadTestRun.objects.filter(
+            pk=self.run_id, state=State.RUNNING, attempts=self.attempt
+        )
+
+
+def _claim(run_id: int, *, pid: int | None) -> bool:
+    """``queued`` -> ``running`` unless someone took it first; True when this caller did."""
+    now = timezone.now()
+    return bool(
+        LoadTestRun.objects.filter(pk=run_id, state=State.QUEUED).update(
+            state=State.RUNNING,
+            pid=pid,
+            started_at=Coalesce("started_at", Value(now)),
+            heartbeat_at=now,
+            attempts=F("attempts") + 1,
+            message="starting",
+        )
+    )
+
+
+# --- the worker ------------------------------------------------------------------------------
+
+
+def loadtest_execute(run_id: int, *, claimed: bool = False, echo=None) -> LoadTestRun:
+    """Run ``run_id`` in this process to its end (or its stop); the outcome is in the row.
+    ``claimed``: the control loop claimed it and started this process; otherwise it is claimed
+    here (a run someone else holds is left to them). ``echo(line)`` gets a progress line a
+    second (``manage.py loadtest`` prints them)."""
+    if not claimed and not _claim(run_id, pid=os.getpid()):
+        return LoadTestRun.objects.get(pk=run_id)
+    run = LoadTestRun.objects.get(pk=run_id)
+    LoadTestRun.objects.filter(pk=run_id, state=State.RUNNING).update(pid=os.getpid())
+    claim = Claim(run.pk, run.attempts)
+    worker = Worker(run, claim, echo=echo)
+    try:
+        asyncio.run(worker.main())
+    finally:
+        close_old_connections()
+    return LoadTestRun.objects.get(pk=run_id)
+
+
+class Worker:
+    """One attempt at one run: the ``LoadRun``'s hooks write the row from a single database
+    thread (one connection), the report is written at the end whatever happened."""
+
+    def __init__(self, run: LoadTestRun, claim: Claim, *, echo=None) -> None:
+        self.run, self.claim, self.echo = run, claim, echo
+        self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"loadtest-{run.pk}-db")
+        self.scenario: Scenario = parse_scenario(run.scenario)
+        self.minted_token_id: int | None = None
+        self.profiler: Profiler | None = None
+
+    async def _db(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(
+            self.db, lambda: fn(*args, **kwargs)
+        )
+
+    async def main(self) -> None:
+        state, error = State.FAILED, ""
+        try:
+            target = await self._db(self._target)
+            target.model = target.model or await _first_model(target)
+            await self._wait_for_validations()
+            await self._db(self.run.refresh_from_db)
+            load = self._load_run(target)
+            await self._db(self._start_profiles, target)
+            state = await load.run()
+            if load.bounded_by:
+                await self._db(self._note, f"ended at its bound: {load.bounded_by}")
+        except Exception as exc:  # the run's failure is its outcome; what it measured stays
+            log.exception("load test %s failed", self.run.pk)
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await self._db(self._finish, state, error)
+            self.db.shutdown(wait=True)
+
+    async def _wait_for_validations(self) -> None:
+        """A node benchmarking its devices would skew both measurements: wait (at most
+        ``VALIDATION_WAIT_S``, stoppable) until no node of this array is validating."""
+        waited = 0.0
+        while waited < VALIDATION_WAIT_S:
+            busy = await self._db(self._validating)
+            if not busy or await self._db(self._stop_wanted):
+                return
+            await self._db(self._note, f"waiting: {', '.join(busy)} validating its devices")
+            await asyncio.sleep(1.0)
+            waited += 1.0
+
+    # --- set-up (database thread) --------------------------------------------------------------
+
+    def _target(self) -> Target:
+        token = self.run.target_token
+        if not token:
+            from console.models import Role
+            from console.services import token_issue
+
+            minted, token = token_issue(name=f"load test {self.run.pk}", role=Role.VIEWER)
+            self.minted_token_id = minted.pk
+        return Target(url=self.run.target_url, token=token, model=self.scenario.model)
+
+    def _load_run(self, target: Target) -> LoadRun:
+        return LoadRun(
+            self.scenario,
+            target,
+            run_tag=f"{self.run.pk}.{self.claim.attempt}",
+            start_step=len(self.run.steps_done),
+            elapsed_s=self.run.elapsed_s,
+            requests_before=len(self.run.turns),
+            should_stop=lambda: self._db(self._stop_wanted),
+            tick=lambda live: self._db(self._tick, live),
+            step_done=lambda step, turns, sessions: self._db(
+                self._step_done, step, turns, sessions
+            ),
+            sample_array=_array_sampler(),
+        )
+
+    def _validating(self) -> list[str]:
+        from nodes.models import Node
+
+        return list(Node.objects.filter(validation="validating").values_list("node_id", flat=True))
+
+    def _start_profiles(self, target: Target) -> None:
+        if not self.run.profile:
+            return
+        from console.utilization import listening_pid
+        from nodes.models import Node
+
+        parts = urlsplit(target.url)
+        node = Node.objects.filter(address__startswith="127.").order_by("node_id").first()
+        pids = {
+            "control_plane": listening_pid(f"{parts.hostname}:{parts.port or 80}"),
+            "node": listening_pid(node.address) if node else None,
+        }
+        self.profiler = Profiler(Path(settings.VAR_DIR) / "loadtests" / f"run-{self.run.pk}")
+        self.profiler.start(pids)
+
+    # --- hooks (database thread) ---------------------------------------------------------------
+
+    def _stop_wanted(self) -> bool:
+        rows = self.claim.rows()
+        return not rows.exists() or rows.filter(stop_requested=True).exists()
+
+    def _tick(self, live: dict[str, Any]) -> None:
+        LoadTestSample.objects.create(run_id=self.run.pk, t=live["t"], data=live)
+        progress = _progress(self.scenario, self.run, live)
+        message = (
+            f"step {live['step'] + 1} of {live['steps']}: {live['concurrency']} concurrent, "
+            f"{live['requests']} requests"
+        )
+        self.claim.rows().update(
+            live=live,
+            progress=progress,
+            message=message,
+            heartbeat_at=timezone.now(),
+            elapsed_s=live["t"],
+        )
+        if self.echo is not None:
+            self.echo(f"{progress:6.1%}  {message}")
+
+    def _step_done(self, step: dict[str, Any], turns: list[dict], sessions: list[dict]) -> None:
+        run = LoadTestRun.objects.get(pk=self.run.pk)
+        self.claim.rows().update(
+            steps_done=[*run.steps_done, step],
+            turns=[*run.turns, *turns],
+            sessions=[*run.sessions, *sessions],
+            elapsed_s=step["ended"],
+            heartbeat_at=timezone.now(),
+        )
+
+    def _note(self, message: str) -> None:
+        self.claim.rows().update(message=message[:255], heartbeat_at=timezone.now())
+
+    def _finish(self, state: str, error: str) -> None:
+        """Write the report (from every finished step) and the outcome, once, while this
+        attempt still holds the run; revoke the token it minted."""
+        profiles = self.profiler.stop() if self.profiler else {}
+        run = LoadTestRun.objects.get(pk=self.run.pk)
+        report = build_report(
+            scenario=self.scenario,
+            target=run.target_url,
+            state=state,
+            turns=run.turns,
+            sessions=run.sessions,
+            steps=run.steps_done,
+            samples=list(run.samples.values_list("data", flat=True)),
+            costs=CostModel.load().inputs(),
+            profiles=profiles,
+        )
+        self.claim.rows().update(
+            state=state,
+            report=report,
+            error=error,
+            progress=1.0 if state == State.SUCCEEDED else run.progress,
+            message={"succeeded": "done", "stopped": "stopped"}.get(state, error[:255]),
+            finished_at=timezone.now(),
+        )
+        if self.minted_token_id is not None:
+            from inference.models import ApiToken
+
+            ApiToken.objects.filter(pk=self.minted_token_id).update(revoked=True)
+        connection.close()
+
+
+def _progress(scenario: Scenario, run: LoadTestRun, live: dict[str, Any]) -> float:
+    """Share of the run done: of the planned time (ramp, steady) or of the planned turns
+    (agent sessions), capped by ``max_s``."""
+    by_time = live["t"] / scenario.max_s
+    if scenario.timed:
+        planned = scenario.hold_s * len(scenario.steps)
+        return min(1.0, max(by_time, live["t"] / planned))
+    planned_turns = sum(c * scenario.turns.mean for c in scenario.steps)
+    return min(1.0, max(by_time, live["requests"] / planned_turns))
+
+
+async def _first_model(target: Target) -> str:
+    """The first model the target lists at ``/v1/models`` (a scenario that names none)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(
+            f"{target.url}/v1/models", headers={"Authorization": f"Bearer {target.token}"}
+        )
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise RuntimeError(f"{target.url}/v1/models lists no model (is a node validated and up?)")
+    return models[0]["id"]
+
+
+def _array_sampler():
+    """This array's utilization snapshot (``console.utilization.take_snapshot``)."""
+    from console.utilization import take_snapshot
+
+    async def sample() -> dict[str, Any]:
+        snapshot, _ = await take_snapshot(0, None)
+        return snapshot
+
+    return sample
+
+
+# --- the control loop's side -------------------------------------------------------------------
+
+
+def loadtests_tick() -> None:
+    """Give up on runs whose worker died (queue them again to resume, or fail them), then
+    start the oldest queued run when none is running."""
+    close_old_connections()
+    for run in LoadTestRun.objects.filter(state=State.RUNNING):
+        if not _alive(run):
+            _worker_gone(run)
+    for pk, child in list(_children.items()):
+        if child.poll() is not None:
+            _children.pop(pk, None)
+    if LoadTestRun.objects.filter(state=State.RUNNING).exists():
+        return
+    run = LoadTestRun.objects.filter(state=State.QUEUED).order_by("created_at", "id").first()
+    if run is not None:
+        _start(run)
+
+
+def _alive(run: LoadTestRun) -> bool:
+    child = _children.get(run.pk)
+    if child is not None and child.poll() is None:
+        return True
+    beat = run.heartbeat_at or run.started_at
+    fresh = beat is not None and (timezone.now() - beat).total_seconds() < settings.LOADTEST_STALE_S
+    return fresh and child is None  # a worker of ours that exited is gone, fresh beat or not
+
+
+def _worker_gone(run: LoadTestRun) -> None:
+    rows = LoadTestRun.objects.filter(pk=run.pk, state=State.RUNNING, attempts=run.attempts)
+    if run.stop_requested or run.attempts >= MAX_ATTEMPTS:
+        why = "stopped" if run.stop_requested else f"its worker stopped {run.attempts} times"
+        rows.update(
+            state=State.STOPPED if run.stop_requested else State.FAILED,
+            error="" if run.stop_requested else why,
+            message=why,
+            finished_at=timezone.now(),
+        )
+        return
+    rows.update(state=State.QUEUED, pid=None, message="its worker stopped; it resumes")
+
+
+def _start(run: LoadTestRun) -> None:
+    if not _claim(run.pk, pid=None):
+        return
+    args = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "loadtestjob", str(run.pk)]
+    logfile = Path(settings.VAR_DIR) / "logs" / f"loadtest-{run.pk}.log"
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PHALANX_HOME": str(settings.VAR_DIR)}
+    if connection.vendor == "sqlite":
+        env["PHALANX_SQLITE"] = str(connection.settings_dict["NAME"])
+    try:
+        with open(logfile, "ab") as out:
+            child = subprocess.Popen(
+                args,
+                cwd=settings.BASE_DIR,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+    except OSError as exc:
+        LoadTestRun.objects.filter(pk=run.pk).update(
+            state=State.FAILED,
+            error=f"the worker could not start: {exc}",
+            finished_at=timezone.now(),
+        )
+        return
+    _children[run.pk] = child
+    LoadTestRun.objects.filter(pk=run.pk).update(pid=child.pid)
