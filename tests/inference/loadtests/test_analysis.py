@@ -1,0 +1,166 @@
+"""Knee detection, the curve's bend, capacity and cost maths, on synthetic curves."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.loadtests import analysis
+from inference.loadtests.analysis import CostInputs, capacity_plan, knee, step_rows
+from tests.inference.loadtests.synthetic import curve, turn
+
+
+def rows_of(points, **kw):
+    turns, sessions, steps = curve(points, **kw)
+    return step_rows(turns, sessions, steps)
+
+
+def test_it_takes_the_nearest_rank_percentile():
+    assert analysis.percentile([5, 1, 4, 2, 3], 50) == 3
+    assert analysis.percentile(range(1, 101), 95) == 95
+    assert analysis.percentile([], 95) is None
+    assert analysis.percentile([None, 2.0], 95) == 2.0
+
+
+def test_it_finds_the_knee_at_the_last_step_meeting_the_target():
+    rows = rows_of([(1, 0.05, 30), (2, 0.08, 55), (4, 0.2, 90), (8, 0.6, 100), (16, 1.5, 101)])
+    assert knee(rows, 0.3)["concurrency"] == 4
+    assert knee(rows, 1.0)["concurrency"] == 8
+    assert knee(rows, 0.01) is None
+
+
+def test_it_stops_the_knee_at_the_first_miss_even_if_a_later_step_recovers():
+    rows = rows_of([(1, 0.05, 30), (2, 0.5, 50), (4, 0.1, 80)])
+    assert knee(rows, 0.3)["concurrency"] == 1
+
+
+def test_it_does_not_count_a_step_with_errors_as_meeting_the_target():
+    turns, sessions, steps = curve([(1, 0.05, 30), (2, 0.05, 50)])
+    turns += [turn(1, 2, ok=False, error="http_429 array_full", ttft=None) for _ in range(3)]
+    rows = step_rows(turns, sessions, steps)
+    assert rows[1]["error_rate"] > analysis.MAX_ERROR_RATE_AT_KNEE
+    assert knee(rows, 0.3)["concurrency"] == 1
+
+
+def test_it_judges_the_knee_on_cache_hit_turns_only():
+    turns, sessions, steps = curve([(1, 0.05, 30)])
+    turns += [turn(0, 1, ttft=3.0, hit=False) for _ in range(5)]  # first turns: full prefill
+    rows = step_rows(turns, sessions, steps)
+    assert rows[0]["ttft_p95_s"] == 3.0
+    assert rows[0]["hit_ttft_p95_s"] == 0.05
+    assert knee(rows, 0.3)["concurrency"] == 1
+
+
+def test_it_finds_where_the_throughput_curve_bends():
+    assert analysis.bend(rows_of([(1, 0.1, 30), (2, 0.1, 58), (4, 0.1, 110), (8, 0.2, 120)])) == 4
+    assert analysis.bend(rows_of([(1, 0.1, 30), (2, 0.1, 60), (4, 0.1, 120)])) is None
+
+
+def test_it_computes_a_step_rows_rates_over_its_wall_time():
+    rows = rows_of([(2, 0.1, 50)], turns_per_step=20, duration_s=10)
+    assert rows[0]["requests"] == 20
+    assert rows[0]["requests_per_s"] == 2.0
+    assert rows[0]["tokens_per_s"] == 50.0
+    assert rows[0]["cached_ratio"] == pytest.approx(380 / 400)
+
+
+def test_it_prices_a_node_month_from_its_parts():
+    month = CostInputs(
+        power_w=500,
+        electricity_per_kwh=0.1,
+        hardware_cost=3600,
+        amortization_months=36,
+        operations_per_month=20,
+        space_per_month=30,
+    ).node_month()
+    assert month["power"] == pytest.approx(0.5 * 730 * 0.1)
+    assert month["hardware"] == 100
+    assert month["total"] == pytest.approx(36.5 + 100 + 20 + 30)
+
+
+def test_it_plans_nodes_and_cost_from_the_knee():
+    rows = rows_of([(2, 0.1, 40), (4, 0.2, 80), (8, 0.9, 90)])
+    costs = CostInputs(
+        power_w=0,
+        hardware_cost=730 * 36,
+        amortization_months=36,
+        operations_per_month=0,
+        space_per_month=0,
+    )  # 730 a month: 1 an hour
+    plan = capacity_plan(
+        rows=rows, nodes_in_run=2, sessions=100, target_p95_s=0.3, costs=costs, session_s=360.0
+    )
+    assert plan["reachable"] and plan["sessions_per_node"] == 2.0  # knee 4 over 2 nodes
+    assert plan["nodes_needed"] == 50
+    assert plan["array_month"] == pytest.approx(50 * 730)
+    assert plan["cost_per_session"] == pytest.approx(1 * 0.1 / 2)  # a tenth of a node-hour, halved
+    # the knee's 80 tok/s over 2 nodes: 40 tok/s a node, 144,000 tokens a node-hour
+    assert plan["cost_per_million_tokens"] == pytest.approx(1 / 144_000 * 1e6, rel=1e-3)
+
+
+def test_it_rounds_nodes_up_and_says_when_no_step_meets_the_target():
+    rows = rows_of([(3, 0.1, 40), (6, 2.0, 50)])
+    plan = capacity_plan(
+        rows=rows, nodes_in_run=1, sessions=10, target_p95_s=0.3, costs=CostInputs(), session_s=60
+    )
+    assert plan["nodes_needed"] == 4  # 10 / 3 per node
+    unreachable = capacity_plan(
+        rows=rows, nodes_in_run=1, sessions=10, target_p95_s=0.01, costs=CostInputs(), session_s=60
+    )
+    assert not unreachable["reachable"]
+    assert unreachable["nodes_needed"] is None and unreachable["cost_per_session"] is None
+
+
+def test_it_splits_ttft_into_queue_prefill_and_the_rest():
+    split = analysis.ttft_split([turn(0, 1, ttft=0.1, queue_ms=30, prefill_ms=50)] * 3)
+    assert split["queue_p95_ms"] == 30 and split["prefill_p95_ms"] == 50
+    assert split["other_p95_ms"] == pytest.approx(20)
+
+
+def test_it_counts_tool_call_validity_over_required_turns():
+    turns = [turn(0, 1, tool_req=True, tool_called=True, tool_valid=True)] * 3 + [
+        turn(0, 1, tool_req=True, tool_called=False, tool_valid=False),
+        turn(0, 1, tool_req=False, tool_called=True, tool_valid=True),
+    ]
+    calls = analysis.tool_calls(turns)
+    assert (calls["required"], calls["valid"], calls["validity"]) == (4, 3, 0.75)
+    assert calls["unrequired_calls"] == 1
+
+
+def test_it_tables_errors_by_kind_most_frequent_first():
+    turns = (
+        [turn(0, 1)] * 6
+        + [turn(0, 1, ok=False, error="timeout")]
+        + [turn(0, 1, ok=False, error="http_429 array_full", message="full")] * 3
+    )
+    rows = analysis.error_rows(turns)
+    assert [(r["kind"], r["count"]) for r in rows] == [("http_429 array_full", 3), ("timeout", 1)]
+    assert rows[0]["share"] == 0.3 and rows[0]["example"] == "full"
+
+
+def test_it_summarises_nodes_from_records_and_samples():
+    turns = [turn(0, 1, node="node-01")] * 3 + [turn(0, 1, node="node-02")]
+    sessions = [
+        {
+            "step": 0,
+            "c": 1,
+            "sid": "a",
+            "t": 0,
+            "dur": 1,
+            "turns": 1,
+            "complete": True,
+            "nodes": ["node-01"],
+        }
+    ]
+    samples = [
+        {
+            "nodes": {
+                "node-01": {"cpu": 90, "kv_pct": 20, "active": 3, "queue": 1},
+                "node-02": {"cpu": 10, "kv_pct": 5, "active": 1, "queue": 0},
+            }
+        },
+        {"nodes": {"node-01": {"cpu": 70, "kv_pct": 30, "active": 2, "queue": 0}}},
+    ]
+    rows = {r["node"]: r for r in analysis.node_rows(turns, sessions, samples)}
+    assert rows["node-01"]["share"] == 0.75 and rows["node-01"]["sessions"] == 1
+    assert rows["node-01"]["cpu_mean"] == 80 and rows["node-01"]["kv_peak_pct"] == 30
+    assert rows["node-02"]["active_peak"] == 1

@@ -1,0 +1,173 @@
+"""Load tests against a real array (control plane, control loop, a node agent with the bundled
+model, on loopback): a short run from the command line, a run from the API in the control
+loop's worker, stopped, and the console answering during it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.support.processes import REPO
+from tests.support.serving_array import serving_array
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+TINY = """
+name: tiny-agents
+kind: agent_sessions
+steps: [1, 2]
+turns: 3
+tool_call_fraction: 0.5
+max_tokens: 8
+tool_max_tokens: 64
+max_s: 240
+"""
+SECTIONS = {
+    "scenario",
+    "summary",
+    "steps",
+    "curve",
+    "ttft_split",
+    "tool_calls",
+    "nodes",
+    "errors",
+    "control_plane",
+    "capacity",
+    "targets",
+    "findings",
+    "profiles",
+}
+HEADLINE = {
+    "knee_concurrency",
+    "session_p95_s",
+    "turn_ttft_p95_s",
+    "errors",
+    "requests",
+    "sessions_per_node",
+    "cost_per_session",
+}
+
+
+@pytest.fixture(scope="module")
+def array(tmp_path_factory):
+    with serving_array(tmp_path_factory.mktemp("loadtest-home")) as array:
+        yield array
+
+
+def until(check, timeout: float, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+def test_a_short_run_from_the_command_line_reports_every_section(array, tmp_path):
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "loadtest",
+            "--file",
+            str(scenario),
+            "--target",
+            array.url,
+            "--token",
+            array.token,
+            "--profile",
+            "--quiet",
+        ],
+        cwd=REPO,
+        env={**os.environ, **array.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    assert HEADLINE <= set(headline)
+    assert headline["state"] == "succeeded"
+    assert headline["requests"] == 9 and headline["errors"] == 0  # 1 + 2 sessions, 3 turns
+
+    report = array.api("GET", f"/loadtests/{headline['run']}/report").json()
+    assert SECTIONS <= set(report)
+    assert [r["concurrency"] for r in report["steps"]] == [1, 2]
+    assert report["nodes"][0]["node"] == "node-lt1" and report["nodes"][0]["requests"] == 9
+    assert report["control_plane"]["health"]["count"] > 0
+    assert report["tool_calls"]["required"] > 0
+    # every later turn of a session reuses that session's own KV on its node
+    later = [t for t in report["turns"] if t["turn"] > 0]
+    assert later and all(t["hit"] for t in later)
+    assert report["summary"]["cached_ratio"] > 0.5
+    assert report["profiles"]["control_plane"].get("file") == "control_plane.svg", report[
+        "profiles"
+    ]
+    svg = array.api("GET", f"/loadtests/{headline['run']}/profiles/control_plane.svg")
+    assert svg.status_code == 200 and b"<svg" in svg.content[:2000]
+
+    steps = array.api("GET", f"/loadtests/{headline['run']}/report.csv").text
+    rows = list(csv.DictReader(io.StringIO(steps)))
+    assert [r["concurrency"] for r in rows] == ["1", "2"]
+    turns = array.api("GET", f"/loadtests/{headline['run']}/report.csv?rows=turns").text
+    assert len(list(csv.DictReader(io.StringIO(turns)))) == 9
+
+
+def test_a_run_from_the_api_runs_in_a_worker_and_stops_keeping_what_it_measured(array):
+    spec = {
+        "name": "long-steady",
+        "kind": "steady",
+        "concurrency": 2,
+        "hold_s": 300,
+        "turns": 4,
+        "max_tokens": 16,
+        "max_s": 400,
+    }
+    started = array.api("POST", "/loadtests", json={"spec": spec, "target_url": array.url})
+    assert started.status_code == 201, started.text
+    run_id = started.json()["id"]
+
+    def measuring():
+        run = array.api("GET", f"/loadtests/{run_id}").json()
+        return run if run["state"] == "running" and run["live"].get("requests", 0) >= 3 else None
+
+    run = until(measuring, timeout=120)
+    assert run, array.api("GET", f"/loadtests/{run_id}").json()
+    assert run["live"]["concurrency"] == 2
+
+    # the console answers within a second while the run goes on
+    for path in ("/health", "/api/nodes", f"/api/loadtests/{run_id}", "/login/"):
+        headers = {"Authorization": f"Bearer {array.token}"}
+        assert httpx.get(f"{array.url}{path}", headers=headers, timeout=1.0).status_code == 200
+
+    stop = array.api("POST", f"/loadtests/{run_id}/stop")
+    assert stop.status_code == 200
+    stopped = until(
+        lambda: array.api("GET", f"/loadtests/{run_id}").json()["state"] == "stopped",
+        timeout=2.0,
+        step=0.05,
+    )
+    assert stopped, "the run did not stop within 2 s"
+    report = array.api("GET", f"/loadtests/{run_id}/report").json()
+    assert report["state"] == "stopped"
+    assert report["summary"]["requests"] >= 3
+    assert report["steps"][0]["concurrency"] == 2
+    assert report["control_plane"]["console"]["count"] > 0
+    # the control loop ran it in a worker process of its own (``manage.py loadtestjob``)
+    assert (
+        f"load test {run_id}: stopped"
+        in (array.home / "logs" / f"loadtest-{run_id}.log").read_text()
+    )
+    assert array.api("POST", f"/loadtests/{run_id}/stop").status_code == 409
