@@ -41,6 +41,18 @@ def _principal(scope: dict[str, Any]) -> access.Principal | None:
     return access.principal_for_token(token) if token else None
 
 
+async def _admitted(consumer: AsyncJsonWebsocketConsumer) -> bool:
+    """True for a caller with a role; otherwise an error event and close 4401 (no
+    credentials) or 4403 (no role), and False."""
+    principal = await _principal(consumer.scope)
+    if principal is not None and principal.role is not None:
+        return True
+    code = CLOSE_UNAUTHORIZED if principal is None else CLOSE_FORBIDDEN
+    await consumer.send_json({"type": "error", "code": code, "message": "Not allowed."})
+    await consumer.close(code=code)
+    return False
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     """Thin consumer: authenticate, join the live group, send history, relay group events."""
 
@@ -48,11 +60,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()
-        principal = await _principal(self.scope)
-        if principal is None or principal.role is None:
-            code = CLOSE_UNAUTHORIZED if principal is None else CLOSE_FORBIDDEN
-            await self.send_json({"type": "error", "code": code, "message": "Not allowed."})
-            await self.close(code=code)
+        if not await _admitted(self):
             return
         await self.channel_layer.group_add(LIVE_GROUP, self.channel_name)
         self.joined = True
@@ -120,11 +128,7 @@ class LoadTestConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         await self.accept()
-        principal = await _principal(self.scope)
-        if principal is None or principal.role is None:
-            code = CLOSE_UNAUTHORIZED if principal is None else CLOSE_FORBIDDEN
-            await self.send_json({"type": "error", "code": code, "message": "Not allowed."})
-            await self.close(code=code)
+        if not await _admitted(self):
             return
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.task = asyncio.create_task(self._follow())

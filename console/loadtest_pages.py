@@ -90,7 +90,7 @@ def loadtests(request: HttpRequest) -> HttpResponse:
         "console/loadtests.html",
         {
             "page": "loadtests",
-            "runs": LoadTestRun.objects.defer("turns", "sessions", "report")[:100],
+            "runs": LoadTestRun.objects.defer("turns", "sessions", "live")[:100],
             "scenarios": [_with_steps(s) for s in services.scenario_list()],
             "colours": LoadTestRun.STATE_COLOURS,
             **forms,

@@ -264,8 +264,7 @@ def profile_path(run_id: int, name: str) -> Path:
     summary="The cost model's inputs",
 )
 def cost_model_get(request: HttpRequest) -> dict:
-    model = CostModel.load()
-    return {f: getattr(model, f) for f in (*CostModel.FIELDS, "currency")}
+    return _cost_model_out(CostModel.load())
 
 
 @router.put(
@@ -275,5 +274,8 @@ def cost_model_get(request: HttpRequest) -> dict:
     summary="Change any of the cost model's inputs",
 )
 def cost_model_put(request: HttpRequest, payload: CostModelIO) -> dict:
-    model = services.cost_model_update(changes=payload.dict(exclude_none=True))
+    return _cost_model_out(services.cost_model_update(changes=payload.dict(exclude_none=True)))
+
+
+def _cost_model_out(model: CostModel) -> dict[str, Any]:
     return {f: getattr(model, f) for f in (*CostModel.FIELDS, "currency")}

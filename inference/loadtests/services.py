@@ -101,20 +101,46 @@ def scenario_delete(*, name: str) -> None:
 
 
 def _checked_target(url: str | None) -> str:
-    """A target base URL (``http(s)://host:port``, no path); default: this array's own."""
-    url = (url or "").strip().rstrip("/") or settings.LOADTEST_TARGET_URL
+    """A target base URL (``http(s)://host:port``; a trailing ``/v1`` is dropped); default:
+    this array's own. ``Invalid`` for another shape or a target that is not registered."""
+    url = (url or "").strip().rstrip("/").removesuffix("/v1") or settings.LOADTEST_TARGET_URL
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Invalid(
             f"target_url: an http(s) base URL such as http://127.0.0.1:8000, not {url!r}.",
             field="target_url",
         )
-    if parts.path.rstrip("/") or parts.query:
+    if parts.path.rstrip("/") not in ("", "/v1") or parts.query:
         raise Invalid(
             "target_url: the base URL only, without a path (the run adds /v1).",
             field="target_url",
         )
-    return url.removesuffix("/v1")
+    if not _registered(parts):
+        raise Invalid(
+            f"target_url: {parts.hostname}:{_port(parts)} is not a registered target: this "
+            "array's own URL, a loopback address, or the address of a registered node.",
+            field="target_url",
+            code="target_not_registered",
+        )
+    return url
+
+
+def _port(parts) -> int:
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _registered(parts) -> bool:
+    """Load goes only where the operator already sends traffic: loopback, this array, or a
+    node of the inventory (an external server registered as a node), never any host."""
+    from nodes.models import Node
+
+    host = parts.hostname or ""
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return True
+    own = urlsplit(settings.LOADTEST_TARGET_URL)
+    if (host, _port(parts)) == (own.hostname, _port(own)):
+        return True
+    return Node.objects.filter(address=f"{host}:{_port(parts)}").exists()
 
 
 @transaction.atomic

@@ -5,6 +5,7 @@
   "use strict";
   const COLOURS = ["#2456d6", "#d98a14", "#1f9d55", "#d64545", "#7a4fd6", "#0f8f9e"];
   const CONFIG = {displayModeBar: false, responsive: true};
+  const STATE_COLOURS = {queued: "grey", running: "blue", succeeded: "green", stopped: "orange", failed: "red"};
 
   function embedded(id) {
     const el = document.getElementById(id);
@@ -70,7 +71,10 @@
     text("lt-percent", pct + "%");
     text("lt-message", run.stop_requested && !run.finished ? "stopping…" : run.message);
     const state = document.getElementById("lt-state");
-    if (state) { state.textContent = run.state; }
+    if (state) {
+      state.textContent = run.state.charAt(0).toUpperCase() + run.state.slice(1);
+      state.className = "badge badge-" + (STATE_COLOURS[run.state] || "grey");
+    }
     drawLive(run.live);
   }
 

@@ -98,6 +98,7 @@ def test_it_queues_a_run_and_stops_it_before_it_starts(api):
         ({"spec": TINY, "target_url": "ftp://example"}, "target_url"),
         ({"spec": TINY, "target_url": "http://127.0.0.1:8000/v1/chat"}, "target_url"),
         ({}, "scenario"),
+        ({"spec": TINY, "target_url": "http://203.0.113.9:8000"}, "target_url"),
     ],
 )
 def test_it_refuses_a_bad_run_with_a_message(api, body, field):
@@ -186,3 +187,16 @@ def test_the_list_page_shows_runs_and_only_operators_start_one(login, finished):
     assert run.scenario_name == "ramp-quick" and run.state == "queued"
     refused = login("viewer").post("/loadtests/", {"form": "start", "run-scenario": "ramp-quick"})
     assert refused.status_code == 403
+
+
+def test_it_accepts_a_registered_external_node_as_a_target(api, package):
+    from nodes.models import Node
+
+    Node.objects.create(node_id="gpu-box", address="203.0.113.7:8080", package=package)
+    run = api("operator", "post", "/loadtests",
+              json={"spec": TINY, "target_url": "http://203.0.113.7:8080", "token": "t"})
+    assert run.status_code == 201, run.json()
+    other = api("operator", "post", "/loadtests",
+                json={"spec": TINY, "target_url": "http://203.0.113.7:9999"})
+    assert other.status_code == 422
+    assert "is not a registered target" in other.json()["detail"]

@@ -25,6 +25,7 @@ from tests.support.processes import (
     spawn,
     start_node,
 )
+from tests.support.serving_array import FAST_LOOP
 
 CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -56,19 +57,11 @@ SETUP = f"""
 from django.contrib.auth import get_user_model
 from console.access import user_set_role
 from console.models import Role
-from inference.models import RoutingPolicy
-from nodes.embedded import package_register_bundled
-from tests.support.processes import bundled_model_path
 users = get_user_model()
 users.objects.create_superuser("admin", password="{PASSWORD}")
 for role in (Role.OPERATOR, Role.VIEWER):
     user_set_role(user=users.objects.create_user(role.value, password="{PASSWORD}"), role=role)
-policy = RoutingPolicy.load()
-policy.health_interval_s = 1.0
-policy.probe_timeout_s = 1.0
-policy.save()
-package_register_bundled(bundled_model_path())
-"""
+{FAST_LOOP}"""
 
 
 @dataclass

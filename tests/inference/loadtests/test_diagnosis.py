@@ -119,3 +119,11 @@ def test_it_finds_overload_and_a_slow_control_plane():
         s["console_ms"] = 1500.0
     found = rules(report_of(turns, sessions, steps, samples))
     assert "overload" in found and "control_plane" in found
+
+
+def test_a_run_that_measured_nothing_still_has_every_section():
+    report = report_of([], [], [])
+    assert {"summary", "steps", "curve", "ttft_split", "tool_calls", "nodes", "errors",
+            "control_plane", "capacity", "targets", "findings", "profiles"} <= set(report)
+    assert report["summary"]["requests"] == 0 and report["summary"]["knee_concurrency"] is None
+    assert report["findings"] == [] and not report["capacity"]["reachable"]

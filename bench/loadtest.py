@@ -1,0 +1,136 @@
+"""The design brief's load test, here: the ``agent-sessions`` scenario (a ramp of 1, 2, 4, 8,
+16, 32 concurrent tool-calling agent sessions, 8 turns each) against ``manage.py up --nodes 2``,
+headless through ``manage.py loadtest``; prints the report's step table, the knee, the knees at
+other P95 targets, the cost per session and the findings.
+
+``--quick`` runs the two quick built-ins instead (``ramp-quick``, ``agent-sessions-quick``),
+each against the same array. Goals: the full run within 10 minutes, each quick one within 3.
+The last line is one JSON object: per scenario its headline (``manage.py loadtest``'s JSON line)
+and ``seconds``, and ``goal_ratio`` (the longest run's seconds over its goal; under 1 meets it).
+The peer measured in the same run is the per-request view a request-level tool (vLLM's
+``bench serve``, GenAI-Perf) would report: ``request_p95_s`` (E2E latency of single
+requests) beside ``session_p95_s`` (whole conversations), and their ratio.
+
+    python bench/loadtest.py [--quick] [--port 8600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.harness import bundled_model_path, emit, percentile, spawn  # noqa: E402
+from tests.support.processes import REPO  # noqa: E402
+
+TOKEN = "phx_bench_loadtest_token_0123456789"
+GOALS = {"agent-sessions": 600.0, "ramp-quick": 180.0, "agent-sessions-quick": 180.0}
+
+
+def start_array(home: Path, port: int):
+    (home / "models").mkdir(parents=True)
+    model = bundled_model_path()
+    (home / "models" / model.name).symlink_to(model)
+    env = {"PHALANX_HOME": str(home), "PHALANX_API_TOKEN": TOKEN, "PHALANX_ADMIN_PASSWORD": "bench"}
+    proc = spawn(
+        [sys.executable, "manage.py", "up", "--nodes", "2", "--port", str(port)],
+        home / "up.log",
+        env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            nodes = httpx.get(f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+            if len(nodes) == 2 and all(
+                n["state"] == "up" and n["validation"] in ("passed", "warned") for n in nodes
+            ):
+                return proc, base, env
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(1)
+    proc.stop()
+    raise RuntimeError(f"the array did not come up:\n{proc.log()[-3000:]}")
+
+
+def run_scenario(name: str, base: str, env: dict[str, str]) -> dict:
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "manage.py", "loadtest", name, "--target", base, "--token", TOKEN, "--quiet"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    report = httpx.get(
+        f"{base}/api/loadtests/{headline['run']}/report",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    ).json()
+    show(name, report, seconds)
+    request_p95 = percentile([t["lat"] for t in report["turns"] if t["ok"]], 95)
+    session_p95 = report["summary"]["session_p95_s"]
+    return {
+        **headline,
+        "seconds": round(seconds, 1),
+        "goal_s": GOALS[name],
+        "request_p95_s": round(request_p95, 3),
+        "session_vs_request_p95": round(session_p95 / request_p95, 2) if request_p95 and session_p95 else None,
+    }
+
+
+def show(name: str, report: dict, seconds: float) -> None:
+    s = report["summary"]
+    print(f"\n== {name}: {report['state']} in {seconds:.0f} s; {s['requests']} requests, {s['errors']} errors")
+    print(" conc  req  err  req/s  tok/s  TTFT p50  TTFT p95  hit p95  turn p95  sess p95  sess p99  cached")
+    for r in report["steps"]:
+        print(
+            f"{r['concurrency']:5} {r['requests']:4} {r['errors']:4} {r['requests_per_s']:6} "
+            f"{r['tokens_per_s']:6} {r['ttft_p50_s']!s:>9} {r['ttft_p95_s']!s:>9} "
+            f"{r['hit_ttft_p95_s']!s:>8} {r['turn_p95_s']!s:>9} {r['session_p95_s']!s:>9} "
+            f"{r['session_p99_s']!s:>9} {r['cached_ratio']!s:>7}"
+        )
+    print(f" knee (P95 <= {s['target_p95_s']} s on cache-hit TTFT): {s['knee_concurrency']}; "
+          f"curve bends after {s['bend_concurrency']}")
+    print(" knees by target: " + ", ".join(
+        f"{t['target_p95_s']} s -> {t['knee_concurrency']}" for t in report["targets"]))
+    cap = report["capacity"]
+    print(f" sessions/node {s['sessions_per_node']}, cost per session {s['cost_per_session']}, "
+          f"per million tokens {s['cost_per_million_tokens']}, node-month {cap['node_month']['total']}")
+    print(f" TTFT split: {report['ttft_split']}")
+    print(f" control plane: {report['control_plane']}")
+    print(f" tool calls: {report['tool_calls']}")
+    for f in report["findings"]:
+        print(f" finding: {f['symptom']} -> {f['cause']}: {f['evidence']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--port", type=int, default=8600)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="phalanx-loadtest-"))
+    proc, base, env = start_array(home, args.port)
+    try:
+        names = ["ramp-quick", "agent-sessions-quick"] if args.quick else ["agent-sessions"]
+        results = {name: run_scenario(name, base, env) for name in names}
+    finally:
+        proc.stop(timeout=30)
+    ratio = max(r["seconds"] / r["goal_s"] for r in results.values())
+    emit({"scenarios": results, "goal_ratio": round(ratio, 3), "ratio": round(ratio, 3)})
+
+
+if __name__ == "__main__":
+    main()

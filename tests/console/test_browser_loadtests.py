@@ -1,0 +1,96 @@
+"""Browser tests of the Load tests pages (headless Chromium through Playwright) against a real
+array: a control plane, control loop and node agent with the bundled model on loopback. What a
+person sees: live figures and drawn chart points while a run runs, then the report with its
+curve, steps and findings; the Stop button keeping what was measured; a viewer without actions.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.console.conftest import BROWSER_USERS_SETUP, browser_marks
+from tests.console.test_browser import DRAWN_POINTS, shot
+from tests.support.serving_array import serving_array
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+pytestmark = [*browser_marks(), pytest.mark.model]
+
+SCENARIOS = """
+from inference.loadtests.services import scenario_save
+scenario_save(spec={"name": "browser-agents", "kind": "agent_sessions", "steps": [1, 2],
+                    "turns": 3, "max_tokens": 8, "tool_max_tokens": 64, "max_s": 200})
+"""
+MARKERS = "() => document.querySelectorAll('#lt-chart-curve .scatterlayer .point').length"
+TRACES = "() => document.querySelectorAll('#lt-chart-curve .scatterlayer .trace').length"
+
+
+@pytest.fixture(scope="module")
+def array(tmp_path_factory):
+    home = tmp_path_factory.mktemp("browser-loadtests")
+    with serving_array(home, setup=BROWSER_USERS_SETUP + SCENARIOS) as array:
+        yield array
+
+
+def test_an_operator_starts_a_run_follows_it_live_and_reads_its_report(page_as, array):
+    page = page_as("operator")
+    page.goto(f"{array.url}/loadtests/")
+    page.select_option("#id_run-scenario", "browser-agents")
+    page.fill("#id_run-target_url", array.url)
+    page.click("#loadtest-form button[type=submit]")
+    page.wait_for_url(f"{array.url}/loadtests/*/")
+    expect = playwright_sync.expect
+    expect(page.locator("#live-step")).to_contain_text("/ 2", timeout=60_000)
+    page.wait_for_function(f"({DRAWN_POINTS})('lt-chart-throughput') > 1", timeout=60_000)
+    page.wait_for_function(f"({DRAWN_POINTS})('lt-chart-cpu') > 1", timeout=30_000)
+    shot(page, "loadtest-live")
+    # the run ends; the page reloads itself with the report
+    expect(page.locator("#lt-report")).to_be_visible(timeout=180_000)
+    expect(page.locator("#lt-state")).to_have_text("Succeeded")
+    expect(page.locator("#sum-knee")).to_be_visible()
+    steps = page.locator("#lt-steps tbody tr")
+    expect(steps).to_have_count(2)
+    expect(steps.nth(1).locator("td").first).to_have_text("2")
+    page.wait_for_function(f"({MARKERS})() >= 2", timeout=10_000)
+    expect(page.locator("#lt-nodes")).to_contain_text("node-lt1")
+    expect(page.locator("#lt-findings li").first).to_be_visible()
+    expect(page.locator("#lt-capacity")).to_contain_text("Nodes needed")
+    shot(page, "loadtest-report")
+
+
+def test_stop_on_the_page_ends_the_run_and_keeps_what_it_measured(page_as, array):
+    long_run = {
+        "name": "browser-long",
+        "kind": "steady",
+        "concurrency": 1,
+        "hold_s": 300,
+        "turns": 4,
+        "max_tokens": 8,
+        "max_s": 400,
+    }
+    run = array.api("POST", "/loadtests", json={"spec": long_run, "target_url": array.url}).json()
+    page = page_as("operator")
+    page.goto(f"{array.url}/loadtests/{run['id']}/")
+    page.wait_for_function(
+        "() => Number((document.getElementById('live-rps') || {}).textContent) > 0",
+        timeout=90_000,
+    )
+    page.click("#lt-stop")
+    expect = playwright_sync.expect
+    expect(page.locator("#lt-report")).to_be_visible(timeout=30_000)
+    expect(page.locator("#lt-state")).to_have_text("Stopped")
+    requests = page.locator("#lt-steps tbody tr").first.locator("td").nth(1).inner_text()
+    assert int(requests) >= 1
+    # overlay the finished run of the first test: four traces on the curve
+    first = next(r for r in array.api("GET", "/loadtests").json() if r["state"] == "succeeded")
+    page.goto(f"{array.url}/loadtests/{run['id']}/?overlay={first['id']}")
+    page.wait_for_function(f"({TRACES})() == 4", timeout=10_000)
+
+
+def test_a_viewer_sees_runs_but_no_actions(page_as, array):
+    page = page_as("viewer")
+    page.goto(f"{array.url}/loadtests/")
+    playwright_sync.expect(page.locator("#loadtest-runs")).to_contain_text("browser-agents")
+    assert page.locator("#loadtest-form").count() == 0
+    page.locator("#loadtest-runs a").first.click()
+    playwright_sync.expect(page.locator("#lt-report")).to_be_visible()
+    assert page.locator("#lt-stop").count() == 0
