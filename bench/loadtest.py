@@ -49,7 +49,9 @@ def start_array(home: Path, port: int):
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
-            nodes = httpx.get(f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+            nodes = httpx.get(
+                f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}
+            ).json()
             if len(nodes) == 2 and all(
                 n["state"] == "up" and n["validation"] in ("passed", "warned") for n in nodes
             ):
@@ -64,7 +66,17 @@ def start_array(home: Path, port: int):
 def run_scenario(name: str, base: str, env: dict[str, str]) -> dict:
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "manage.py", "loadtest", name, "--target", base, "--token", TOKEN, "--quiet"],
+        [
+            sys.executable,
+            "manage.py",
+            "loadtest",
+            name,
+            "--target",
+            base,
+            "--token",
+            TOKEN,
+            "--quiet",
+        ],
         cwd=REPO,
         env={**os.environ, **env},
         capture_output=True,
@@ -80,6 +92,7 @@ def run_scenario(name: str, base: str, env: dict[str, str]) -> dict:
         timeout=30,
     ).json()
     show(name, report, seconds)
+    costs = cost_by_target(base, headline["run"], report)
     request_p95 = percentile([t["lat"] for t in report["turns"] if t["ok"]], 95)
     session_p95 = report["summary"]["session_p95_s"]
     return {
@@ -87,14 +100,54 @@ def run_scenario(name: str, base: str, env: dict[str, str]) -> dict:
         "seconds": round(seconds, 1),
         "goal_s": GOALS[name],
         "request_p95_s": round(request_p95, 3),
-        "session_vs_request_p95": round(session_p95 / request_p95, 2) if request_p95 and session_p95 else None,
+        "session_vs_request_p95": round(session_p95 / request_p95, 2)
+        if request_p95 and session_p95
+        else None,
+        "cost_by_target": costs,
     }
+
+
+def cost_by_target(base: str, run_id: int, report: dict) -> list[dict]:
+    """The capacity plan for 1,000 sessions at each P95 target the run met at some step
+    (``POST /api/loadtests/<id>/capacity``), with the cost model's defaults."""
+    plans = []
+    for t in report["targets"]:
+        if t["knee_concurrency"] is None:
+            continue
+        plan = httpx.post(
+            f"{base}/api/loadtests/{run_id}/capacity",
+            json={"sessions": 1000, "target_p95_s": t["target_p95_s"]},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        ).json()
+        plans.append(
+            {
+                k: plan[k]
+                for k in (
+                    "target_p95_s",
+                    "sessions_per_node",
+                    "nodes_needed",
+                    "cost_per_session",
+                    "cost_per_million_tokens",
+                )
+            }
+        )
+        print(
+            f" at P95 <= {plan['target_p95_s']} s: {plan['sessions_per_node']} sessions/node, "
+            f"{plan['nodes_needed']} nodes for 1000 sessions, cost per session "
+            f"{plan['cost_per_session']}, per million tokens {plan['cost_per_million_tokens']}"
+        )
+    return plans
 
 
 def show(name: str, report: dict, seconds: float) -> None:
     s = report["summary"]
-    print(f"\n== {name}: {report['state']} in {seconds:.0f} s; {s['requests']} requests, {s['errors']} errors")
-    print(" conc  req  err  req/s  tok/s  TTFT p50  TTFT p95  hit p95  turn p95  sess p95  sess p99  cached")
+    print(
+        f"\n== {name}: {report['state']} in {seconds:.0f} s; {s['requests']} requests, {s['errors']} errors"
+    )
+    print(
+        " conc  req  err  req/s  tok/s  TTFT p50  TTFT p95  hit p95  turn p95  sess p95  sess p99  cached"
+    )
     for r in report["steps"]:
         print(
             f"{r['concurrency']:5} {r['requests']:4} {r['errors']:4} {r['requests_per_s']:6} "
@@ -102,13 +155,19 @@ def show(name: str, report: dict, seconds: float) -> None:
             f"{r['hit_ttft_p95_s']!s:>8} {r['turn_p95_s']!s:>9} {r['session_p95_s']!s:>9} "
             f"{r['session_p99_s']!s:>9} {r['cached_ratio']!s:>7}"
         )
-    print(f" knee (P95 <= {s['target_p95_s']} s on cache-hit TTFT): {s['knee_concurrency']}; "
-          f"curve bends after {s['bend_concurrency']}")
-    print(" knees by target: " + ", ".join(
-        f"{t['target_p95_s']} s -> {t['knee_concurrency']}" for t in report["targets"]))
+    print(
+        f" knee (P95 <= {s['target_p95_s']} s on cache-hit TTFT): {s['knee_concurrency']}; "
+        f"curve bends after {s['bend_concurrency']}"
+    )
+    print(
+        " knees by target: "
+        + ", ".join(f"{t['target_p95_s']} s -> {t['knee_concurrency']}" for t in report["targets"])
+    )
     cap = report["capacity"]
-    print(f" sessions/node {s['sessions_per_node']}, cost per session {s['cost_per_session']}, "
-          f"per million tokens {s['cost_per_million_tokens']}, node-month {cap['node_month']['total']}")
+    print(
+        f" sessions/node {s['sessions_per_node']}, cost per session {s['cost_per_session']}, "
+        f"per million tokens {s['cost_per_million_tokens']}, node-month {cap['node_month']['total']}"
+    )
     print(f" TTFT split: {report['ttft_split']}")
     print(f" control plane: {report['control_plane']}")
     print(f" tool calls: {report['tool_calls']}")

@@ -7,7 +7,11 @@ A **turn record** (one request, ``inference.loadtests.runner.TurnRecord.as_dict`
     {"step": 0, "c": 4, "sid": "lt-7-s0-1", "turn": 2, "kind": "user" | "tool_result",
      "t": 12.3, "ttft": 0.081, "lat": 0.52, "ok": true, "error": "", "node": "node-01",
      "prompt": 311, "cached": 280, "completion": 24, "queue_ms": 3.0, "prefill_ms": 40.1,
+     "node_ttft_ms": 45.0, "decode_tps": 38.2, "finish": "stop" | "length" | "tool_calls",
      "hit": true, "tool_req": false, "tool_called": false, "tool_valid": null}
+
+(``queue_ms``, ``prefill_ms``, ``node_ttft_ms`` and ``decode_tps`` are the node's own
+``timings``; absent from a target that sends none.)
 
 (``t`` seconds since the run began; ``ttft``/``lat`` seconds; ``hit``: a cache-hit turn, one
 after the session's first whose cached prompt tokens cover at least half of the prompt the
@@ -99,11 +103,16 @@ def step_rows(
 
 
 def _stream_rates(turns: list[dict[str, Any]]) -> list[float]:
-    """Decode tokens/s each stream saw after its first token."""
+    """Decode tokens/s each stream saw after its first token: the node's own figure when it
+    sent one, else the client's (only for a stream that spread over 50 ms or more: a node
+    that holds its output back, as it does for tool calls, sends it all at once)."""
     rates = []
     for t in turns:
+        if t.get("decode_tps"):
+            rates.append(t["decode_tps"])
+            continue
         span = t["lat"] - (t["ttft"] or 0.0)
-        if t["completion"] > 1 and span > 0:
+        if t["completion"] > 1 and span >= 0.05:
             rates.append((t["completion"] - 1) / span)
     return rates
 
@@ -312,13 +321,14 @@ def latency_summary(values_ms: list[float]) -> dict[str, Any]:
 
 def ttft_split(turns: list[dict[str, Any]]) -> dict[str, Any]:
     """Where time to first token went, from the node's own timings: queue wait (waiting for a
-    sequence, KV swap-in included) and prefill (P50/P95, ms), and what is left of the TTFT the
-    client saw (the proxy, the network, the event loops)."""
+    sequence, KV swap-in included), prefill, the node's own TTFT (P50/P95, ms), and what lies
+    between the node's first token and the client's (``after_node_*``): the proxy, the network,
+    and output the node held back (a tool call is sent once it is complete)."""
     ok = [t for t in turns if t["ok"] and t.get("queue_ms") is not None]
-    rest = [
-        t["ttft"] * 1000 - t["queue_ms"] - (t["prefill_ms"] or 0.0)
+    after = [
+        t["ttft"] * 1000 - t["node_ttft_ms"]
         for t in ok
-        if t["ttft"] is not None
+        if t["ttft"] is not None and t.get("node_ttft_ms") is not None
     ]
     return {
         "turns": len(ok),
@@ -326,21 +336,28 @@ def ttft_split(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "queue_p95_ms": rounded(percentile((t["queue_ms"] for t in ok), 95), 2),
         "prefill_p50_ms": rounded(percentile((t["prefill_ms"] for t in ok), 50), 2),
         "prefill_p95_ms": rounded(percentile((t["prefill_ms"] for t in ok), 95), 2),
-        "other_p50_ms": rounded(percentile(rest, 50), 2),
-        "other_p95_ms": rounded(percentile(rest, 95), 2),
+        "node_ttft_p50_ms": rounded(percentile((t.get("node_ttft_ms") for t in ok), 50), 2),
+        "node_ttft_p95_ms": rounded(percentile((t.get("node_ttft_ms") for t in ok), 95), 2),
+        "after_node_p50_ms": rounded(percentile(after, 50), 2),
+        "after_node_p95_ms": rounded(percentile(after, 95), 2),
     }
 
 
 def tool_calls(turns: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tool-call validity: of the turns that had to call a tool (answered), how many produced a
-    call valid against its tool's schema; plus calls made where none was required."""
+    """Tool-call validity: of the answered turns that had to call a tool, how many produced a
+    call valid against its tool's schema. A required call cut off by the turn's token limit
+    (``finish: length``) is ``truncated`` and left out of the validity: the scenario's
+    ``tool_max_tokens`` cut it, not the model. Plus calls made where none was required."""
     required = [t for t in turns if t["ok"] and t["tool_req"]]
-    valid = [t for t in required if t["tool_valid"]]
+    truncated = [t for t in required if not t["tool_valid"] and t.get("finish") == "length"]
+    judged = [t for t in required if t not in truncated]
+    valid = [t for t in judged if t["tool_valid"]]
     unasked = [t for t in turns if t["ok"] and not t["tool_req"] and t["tool_called"]]
     return {
         "required": len(required),
+        "truncated": len(truncated),
         "valid": len(valid),
-        "validity": rounded(len(valid) / len(required)) if required else None,
+        "validity": rounded(len(valid) / len(judged)) if judged else None,
         "unrequired_calls": len(unasked),
         "unrequired_valid": sum(1 for t in unasked if t["tool_valid"]),
     }

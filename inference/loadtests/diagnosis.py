@@ -8,7 +8,8 @@ bundled model on this machine triggers none of them):
 1. one stream fast, many streams stall -> memory bandwidth: the median per-stream decode rate
    at the highest step is under half that at the lowest, while array throughput grew by less
    than a quarter of the concurrency's growth;
-2. tool-call arguments wrong -> quantization too low: validity under 95 % over 10+ checked;
+2. tool-call arguments wrong -> quantization too low: validity under 95 % over 10+ checked
+   (calls cut off by the turn's token limit are their own finding: the scenario's limit);
 3. a session slows mid-conversation -> the scheduler moved it: any session answered by more
    than one node;
 4. one node saturated while others idle -> placement: with 2+ nodes, one node took more than
@@ -89,6 +90,22 @@ def _tool_calls(ctx: Context) -> Finding | None:
         f"their schema ({calls['validity']:.0%})",
         "the package's tool-call accuracy, Q4_K_M against Q8_0 (Packages: evaluate)",
         "serve a higher quantization type (build and evaluate it, then roll it out)",
+    )
+
+
+def _truncated_calls(ctx: Context) -> Finding | None:
+    calls = ctx["report"]["tool_calls"]
+    if not calls.get("truncated"):
+        return None
+    return Finding(
+        "tool_calls_truncated",
+        "tool calls cut off",
+        "the scenario's tool_max_tokens is too small for the calls",
+        f"{calls['truncated']} of {calls['required']} required tool calls hit the token limit "
+        "before the call was complete (left out of the validity)",
+        "the turns' completion tokens against tool_max_tokens (CSV export, every turn)",
+        "raise tool_max_tokens in the scenario",
+        severity="info",
     )
 
 
@@ -226,6 +243,7 @@ def _control_plane(ctx: Context) -> Finding | None:
 RULES: tuple[Callable[[Context], Finding | None], ...] = (
     _bandwidth,
     _tool_calls,
+    _truncated_calls,
     _migrations,
     _placement,
     _queueing,

@@ -70,6 +70,9 @@ class TurnRecord:
     completion: int = 0
     queue_ms: float | None = None
     prefill_ms: float | None = None
+    node_ttft_ms: float | None = None
+    decode_tps: float | None = None
+    finish: str = ""
     hit: bool = False
     tool_req: bool = False
     tool_called: bool = False
@@ -382,8 +385,11 @@ class LoadRun:
             record.completion = usage.completion_tokens or 0
             details = usage.prompt_tokens_details
             record.cached = (details.cached_tokens or 0) if details else 0
+        record.finish = reply.finish
         record.queue_ms = reply.timings.get("queue_ms")
         record.prefill_ms = reply.timings.get("prefill_ms")
+        record.node_ttft_ms = reply.timings.get("ttft_ms")
+        record.decode_tps = reply.timings.get("decode_tokens_per_s") or None
         record.hit = record.turn > 0 and prompt_before > 0 and record.cached >= prompt_before / 2
         calls = [reply.calls[i] for i in sorted(reply.calls)]
         record.tool_called = bool(calls)

@@ -400,7 +400,6 @@ BUILTIN: dict[str, dict[str, Any]] = {
         "think_time_s": {"min": 0.2, "max": 0.8},
         "tool_call_fraction": 0.25,
         "max_tokens": 16,
-        "tool_max_tokens": 64,
         "max_s": 590,
         "max_requests": 5000,
     },

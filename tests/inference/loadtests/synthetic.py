@@ -27,6 +27,9 @@ def turn(
     tool_valid: bool | None = None,
     t: float = 0.0,
     message: str = "",
+    node_ttft_ms: float | None = None,
+    decode_tps: float | None = None,
+    finish: str = "stop",
 ) -> dict[str, Any]:
     return {
         "step": step,
@@ -49,7 +52,8 @@ def turn(
         "hit": hit,
         "tool_req": tool_req,
         "tool_called": tool_called,
-        "tool_valid": tool_valid,
+        "tool_valid": tool_valid, "node_ttft_ms": node_ttft_ms, "decode_tps": decode_tps,
+        "finish": finish,
     }
 
 

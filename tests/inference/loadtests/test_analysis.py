@@ -110,10 +110,21 @@ def test_it_rounds_nodes_up_and_says_when_no_step_meets_the_target():
     assert unreachable["nodes_needed"] is None and unreachable["cost_per_session"] is None
 
 
-def test_it_splits_ttft_into_queue_prefill_and_the_rest():
-    split = analysis.ttft_split([turn(0, 1, ttft=0.1, queue_ms=30, prefill_ms=50)] * 3)
+def test_it_splits_ttft_into_queue_prefill_and_what_came_after_the_nodes_first_token():
+    split = analysis.ttft_split(
+        [turn(0, 1, ttft=0.5, queue_ms=30, prefill_ms=50, node_ttft_ms=80)] * 3
+    )
     assert split["queue_p95_ms"] == 30 and split["prefill_p95_ms"] == 50
-    assert split["other_p95_ms"] == pytest.approx(20)
+    assert split["node_ttft_p95_ms"] == 80
+    assert split["after_node_p95_ms"] == pytest.approx(420)  # held back, then sent at once
+
+
+def test_it_takes_per_stream_decode_from_the_node_not_from_a_burst():
+    burst = turn(0, 1, ttft=1.0, lat=1.001, completion=30)  # all tokens at once
+    assert analysis._stream_rates([burst]) == []
+    assert analysis._stream_rates([{**burst, "decode_tps": 38.0}]) == [38.0]
+    streamed = turn(0, 1, ttft=0.1, lat=1.1, completion=21)
+    assert analysis._stream_rates([streamed]) == [pytest.approx(20.0)]
 
 
 def test_it_counts_tool_call_validity_over_required_turns():
@@ -124,6 +135,14 @@ def test_it_counts_tool_call_validity_over_required_turns():
     calls = analysis.tool_calls(turns)
     assert (calls["required"], calls["valid"], calls["validity"]) == (4, 3, 0.75)
     assert calls["unrequired_calls"] == 1
+
+
+def test_it_leaves_calls_cut_by_the_token_limit_out_of_the_validity():
+    turns = [turn(0, 1, tool_req=True, tool_called=True, tool_valid=True)] * 3 + [
+        turn(0, 1, tool_req=True, tool_called=False, tool_valid=False, finish="length")
+    ]
+    calls = analysis.tool_calls(turns)
+    assert calls["truncated"] == 1 and calls["validity"] == 1.0
 
 
 def test_it_tables_errors_by_kind_most_frequent_first():

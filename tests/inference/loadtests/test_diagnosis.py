@@ -74,6 +74,14 @@ def test_it_blames_quantization_for_invalid_tool_calls():
     assert "7 of 10 required tool calls" in found[0]["evidence"]
 
 
+def test_it_tells_cut_off_tool_calls_from_wrong_ones():
+    turns, sessions, steps = clean_run()
+    turns += [turn(2, 4, tool_req=True, tool_called=False, tool_valid=False, finish="length",
+                   node="node-01") for _ in range(10)] + [turn(2, 4, node="node-02") for _ in range(10)]
+    found = rules(report_of(turns, sessions, steps, balanced_samples()))
+    assert found == ["tool_calls_truncated"]
+
+
 def test_it_finds_one_node_saturated_while_another_idles():
     turns, sessions, steps = clean_run()
     for t in turns:
