@@ -345,19 +345,19 @@ def ttft_split(turns: list[dict[str, Any]]) -> dict[str, Any]:
 
 def tool_calls(turns: list[dict[str, Any]]) -> dict[str, Any]:
     """Tool-call validity: of the answered turns that had to call a tool, how many produced a
-    call valid against its tool's schema. A required call cut off by the turn's token limit
-    (``finish: length``) is ``truncated`` and left out of the validity: the scenario's
-    ``tool_max_tokens`` cut it, not the model. Plus calls made where none was required."""
+    call valid against its tool's schema. ``truncated`` counts the invalid ones that ended at
+    the turn's token limit (``finish: length``): the scenario's ``tool_max_tokens`` was too
+    small, or the model rambled inside an argument; they stay in the validity (the client got
+    no usable call). Plus calls made where none was required."""
     required = [t for t in turns if t["ok"] and t["tool_req"]]
+    valid = [t for t in required if t["tool_valid"]]
     truncated = [t for t in required if not t["tool_valid"] and t.get("finish") == "length"]
-    judged = [t for t in required if t not in truncated]
-    valid = [t for t in judged if t["tool_valid"]]
     unasked = [t for t in turns if t["ok"] and not t["tool_req"] and t["tool_called"]]
     return {
         "required": len(required),
-        "truncated": len(truncated),
         "valid": len(valid),
-        "validity": rounded(len(valid) / len(judged)) if judged else None,
+        "truncated": len(truncated),
+        "validity": rounded(len(valid) / len(required)) if required else None,
         "unrequired_calls": len(unasked),
         "unrequired_valid": sum(1 for t in unasked if t["tool_valid"]),
     }

@@ -9,7 +9,7 @@ bundled model on this machine triggers none of them):
    at the highest step is under half that at the lowest, while array throughput grew by less
    than a quarter of the concurrency's growth;
 2. tool-call arguments wrong -> quantization too low: validity under 95 % over 10+ checked
-   (calls cut off by the turn's token limit are their own finding: the scenario's limit);
+   (calls cut off by the turn's token limit are a finding of their own too);
 3. a session slows mid-conversation -> the scheduler moved it: any session answered by more
    than one node;
 4. one node saturated while others idle -> placement: with 2+ nodes, one node took more than
@@ -87,7 +87,12 @@ def _tool_calls(ctx: Context) -> Finding | None:
         "tool-call arguments sometimes wrong",
         "quantization too aggressive",
         f"{calls['valid']} of {calls['required']} required tool calls were valid against "
-        f"their schema ({calls['validity']:.0%})",
+        f"their schema ({calls['validity']:.0%})"
+        + (
+            f"; {calls['truncated']} of the others ended at the token limit"
+            if calls.get("truncated")
+            else ""
+        ),
         "the package's tool-call accuracy, Q4_K_M against Q8_0 (Packages: evaluate)",
         "serve a higher quantization type (build and evaluate it, then roll it out)",
     )
@@ -100,11 +105,12 @@ def _truncated_calls(ctx: Context) -> Finding | None:
     return Finding(
         "tool_calls_truncated",
         "tool calls cut off",
-        "the scenario's tool_max_tokens is too small for the calls",
+        "the token limit: tool_max_tokens too small, or the model rambling inside an argument",
         f"{calls['truncated']} of {calls['required']} required tool calls hit the token limit "
-        "before the call was complete (left out of the validity)",
+        "before the call was complete",
         "the turns' completion tokens against tool_max_tokens (CSV export, every turn)",
-        "raise tool_max_tokens in the scenario",
+        "raise tool_max_tokens if the calls are long; a model that rambles needs a higher "
+        "quantization type or a larger model",
         severity="info",
     )
 

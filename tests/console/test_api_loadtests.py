@@ -193,10 +193,18 @@ def test_it_accepts_a_registered_external_node_as_a_target(api, package):
     from nodes.models import Node
 
     Node.objects.create(node_id="gpu-box", address="203.0.113.7:8080", package=package)
-    run = api("operator", "post", "/loadtests",
-              json={"spec": TINY, "target_url": "http://203.0.113.7:8080", "token": "t"})
+    run = api(
+        "operator",
+        "post",
+        "/loadtests",
+        json={"spec": TINY, "target_url": "http://203.0.113.7:8080", "token": "t"},
+    )
     assert run.status_code == 201, run.json()
-    other = api("operator", "post", "/loadtests",
-                json={"spec": TINY, "target_url": "http://203.0.113.7:9999"})
+    other = api(
+        "operator",
+        "post",
+        "/loadtests",
+        json={"spec": TINY, "target_url": "http://203.0.113.7:9999"},
+    )
     assert other.status_code == 422
     assert "is not a registered target" in other.json()["detail"]

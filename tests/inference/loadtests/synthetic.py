@@ -52,7 +52,9 @@ def turn(
         "hit": hit,
         "tool_req": tool_req,
         "tool_called": tool_called,
-        "tool_valid": tool_valid, "node_ttft_ms": node_ttft_ms, "decode_tps": decode_tps,
+        "tool_valid": tool_valid,
+        "node_ttft_ms": node_ttft_ms,
+        "decode_tps": decode_tps,
         "finish": finish,
     }
 

@@ -137,12 +137,12 @@ def test_it_counts_tool_call_validity_over_required_turns():
     assert calls["unrequired_calls"] == 1
 
 
-def test_it_leaves_calls_cut_by_the_token_limit_out_of_the_validity():
+def test_it_counts_calls_cut_by_the_token_limit_as_invalid_and_apart():
     turns = [turn(0, 1, tool_req=True, tool_called=True, tool_valid=True)] * 3 + [
         turn(0, 1, tool_req=True, tool_called=False, tool_valid=False, finish="length")
     ]
     calls = analysis.tool_calls(turns)
-    assert calls["truncated"] == 1 and calls["validity"] == 1.0
+    assert calls["truncated"] == 1 and calls["validity"] == 0.75
 
 
 def test_it_tables_errors_by_kind_most_frequent_first():
