@@ -139,9 +139,14 @@ def loadtest(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 def _overlay(raw: str | None, run: LoadTestRun) -> LoadTestRun | None:
-    if not raw or not raw.isdigit() or int(raw) == run.pk:
+    """The run ``?overlay=`` names, when it is another run with a report (else none)."""
+    try:
+        other = int(raw or "")
+    except ValueError:
         return None
-    return LoadTestRun.objects.filter(pk=int(raw), report__isnull=False).first()
+    if other == run.pk or not 0 < other < 2**63:
+        return None
+    return LoadTestRun.objects.filter(pk=other, report__isnull=False).first()
 
 
 def _plan(run: LoadTestRun, form: CapacityForm) -> tuple[dict | None, str]:

@@ -56,6 +56,7 @@ class RunOut(Schema):
     message: str
     live: dict[str, Any] = Field(description="the latest live figures (runner.LoadRun.live)")
     stop_requested: bool
+    finished: bool = Field(description="succeeded, stopped or failed")
     profile: bool
     error: str
     attempts: int
@@ -93,6 +94,7 @@ def run_out(run: LoadTestRun) -> dict[str, Any]:
         "message": run.message,
         "live": run.live,
         "stop_requested": run.stop_requested,
+        "finished": run.finished,
         "profile": run.profile,
         "error": run.error,
         "attempts": run.attempts,
@@ -163,7 +165,8 @@ def scenarios_delete(request: HttpRequest, name: str) -> tuple[int, None]:
 
 @router.get("/loadtests", response=list[RunOut], auth=NEEDS_VIEWER, summary="Runs, newest first")
 def runs_list(request: HttpRequest, limit: int = 50) -> list[dict]:
-    return [run_out(r) for r in LoadTestRun.objects.all()[: max(1, min(limit, 500))]]
+    rows = LoadTestRun.objects.defer("turns", "sessions")[: max(1, min(limit, 500))]
+    return [run_out(r) for r in rows]
 
 
 @router.post(
@@ -217,9 +220,10 @@ def runs_report(request: HttpRequest, run_id: int, download: bool = False) -> Ht
 )
 def runs_csv(request: HttpRequest, run_id: int, rows: str = "steps") -> HttpResponse:
     run = _report(run_id)
-    text = turns_csv(run.turns) if rows == "turns" else steps_csv(run.report)
+    which = "turns" if rows == "turns" else "steps"
+    text = turns_csv(run.turns) if which == "turns" else steps_csv(run.report)
     response = HttpResponse(text, content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="loadtest-{run.pk}-{rows}.csv"'
+    response["Content-Disposition"] = f'attachment; filename="loadtest-{run.pk}-{which}.csv"'
     return response
 
 

@@ -93,6 +93,7 @@ def step_rows(
                 "turn_p50_s": rounded(percentile((t["lat"] for t in ok), 50)),
                 "turn_p95_s": rounded(percentile((t["lat"] for t in ok), 95)),
                 "sessions": len(done),
+                "session_mean_s": rounded(mean_of(s["dur"] for s in done), 3),
                 "session_p95_s": rounded(percentile((s["dur"] for s in done), 95), 3),
                 "session_p99_s": rounded(percentile((s["dur"] for s in done), 99), 3),
                 "cached_ratio": rounded(sum(t["cached"] for t in ok) / prompt) if prompt else None,
@@ -209,13 +210,14 @@ def capacity_plan(
     sessions: int,
     target_p95_s: float,
     costs: CostInputs,
-    session_s: float | None,
+    session_s: float | None = None,
 ) -> dict[str, Any]:
     """Nodes needed for ``sessions`` concurrent sessions at ``target_p95_s`` (ceil of sessions
     over sessions per node at the measured knee for that target), and what they cost: per month
-    for the array, per session (a node-hour's cost times the session's length, ``session_s``,
-    shared by the sessions a node holds) and per million completion tokens (at the knee's
-    tokens/s per node). ``reachable`` is False (and the counts None) when no step met the
+    for the array, per session (a node-hour's cost times the session's length, shared by the
+    sessions a node holds; the length is the knee step's mean complete session unless
+    ``session_s`` says otherwise) and per million completion tokens (at the knee's tokens/s per
+    node). ``reachable`` is False (and the counts None) when no step met the
     target: add a step at lower concurrency, or relax the target."""
     per_node = sessions_per_node(rows, target_p95_s, nodes_in_run)
     month = costs.node_month()
@@ -237,6 +239,7 @@ def capacity_plan(
     needed = math.ceil(sessions / per_node - 1e-9)
     found = knee(rows, target_p95_s)
     assert found is not None
+    session_s = session_s if session_s is not None else found.get("session_mean_s")
     tokens_per_node_s = found["tokens_per_s"] / max(1, nodes_in_run)
     plan.update(
         nodes_needed=needed,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -103,9 +104,14 @@ class Worker:
     def __init__(self, run: LoadTestRun, claim: Claim, *, echo=None) -> None:
         self.run, self.claim, self.echo = run, claim, echo
         self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"loadtest-{run.pk}-db")
+        # stop polls never wait behind a write (a step's records, a busy database)
+        self.polls = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"loadtest-{run.pk}-stop")
         self.scenario: Scenario = parse_scenario(run.scenario)
         self.minted_token_id: int | None = None
         self.profiler: Profiler | None = None
+
+    async def _poll_stop(self) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(self.polls, self._stop_wanted)
 
     async def _db(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(
@@ -130,6 +136,8 @@ class Worker:
         finally:
             await self._db(self._finish, state, error)
             self.db.shutdown(wait=True)
+            self.polls.submit(connection.close).result()
+            self.polls.shutdown(wait=True)
 
     async def _wait_for_validations(self) -> None:
         """A node benchmarking its devices would skew both measurements: wait (at most
@@ -163,7 +171,7 @@ class Worker:
             start_step=len(self.run.steps_done),
             elapsed_s=self.run.elapsed_s,
             requests_before=len(self.run.turns),
-            should_stop=lambda: self._db(self._stop_wanted),
+            should_stop=self._poll_stop,
             tick=lambda live: self._db(self._tick, live),
             step_done=lambda step, turns, sessions: self._db(
                 self._step_done, step, turns, sessions
@@ -229,33 +237,50 @@ class Worker:
 
     def _finish(self, state: str, error: str) -> None:
         """Write the report (from every finished step) and the outcome, once, while this
-        attempt still holds the run; revoke the token it minted."""
-        profiles = self.profiler.stop() if self.profiler else {}
-        run = LoadTestRun.objects.get(pk=self.run.pk)
-        report = build_report(
-            scenario=self.scenario,
-            target=run.target_url,
-            state=state,
-            turns=run.turns,
-            sessions=run.sessions,
-            steps=run.steps_done,
-            samples=list(run.samples.values_list("data", flat=True)),
-            costs=CostModel.load().inputs(),
-            profiles=profiles,
-        )
-        self.claim.rows().update(
-            state=state,
-            report=report,
-            error=error,
-            progress=1.0 if state == State.SUCCEEDED else run.progress,
-            message={"succeeded": "done", "stopped": "stopped"}.get(state, error[:255]),
-            finished_at=timezone.now(),
-        )
-        if self.minted_token_id is not None:
-            from inference.models import ApiToken
+        attempt still holds the run; revoke the token it minted, whatever happens."""
+        try:
+            self.claim.rows().update(heartbeat_at=timezone.now(), message="writing the report")
+            profiles = self.profiler.stop() if self.profiler else {}
+            self.claim.rows().update(heartbeat_at=timezone.now())
+            run = LoadTestRun.objects.get(pk=self.run.pk)
+            self.claim.rows().update(
+                state=state,
+                report=report_of(run, state, profiles=profiles),
+                error=error,
+                progress=1.0 if state == State.SUCCEEDED else run.progress,
+                message={"succeeded": "done", "stopped": "stopped"}.get(state, error[:255]),
+                finished_at=timezone.now(),
+            )
+        finally:
+            if self.minted_token_id is not None:
+                from inference.models import ApiToken
 
-            ApiToken.objects.filter(pk=self.minted_token_id).update(revoked=True)
-        connection.close()
+                ApiToken.objects.filter(pk=self.minted_token_id).update(revoked=True)
+            connection.close()
+
+
+def report_of(run: LoadTestRun, state: str, *, profiles: dict | None = None) -> dict[str, Any]:
+    """The report of ``run`` from the records of its finished steps (``report.build_report``)."""
+    return build_report(
+        scenario=parse_scenario(run.scenario),
+        target=run.target_url,
+        state=state,
+        turns=run.turns,
+        sessions=run.sessions,
+        steps=run.steps_done,
+        samples=list(run.samples.values_list("data", flat=True)),
+        costs=CostModel.load().inputs(),
+        profiles=profiles or {},
+    )
+
+
+def report_write(run_id: int) -> None:
+    """Write the report of a run that ended without its worker (stopped while queued to
+    resume, or given up on): what its finished steps measured is kept."""
+    run = LoadTestRun.objects.get(pk=run_id)
+    LoadTestRun.objects.filter(pk=run_id, report__isnull=True).update(
+        report=report_of(run, run.state)
+    )
 
 
 def _progress(scenario: Scenario, run: LoadTestRun, live: dict[str, Any]) -> float:
@@ -300,7 +325,8 @@ def loadtests_tick() -> None:
     """Give up on runs whose worker died (queue them again to resume, or fail them), then
     start the oldest queued run when none is running."""
     close_old_connections()
-    for run in LoadTestRun.objects.filter(state=State.RUNNING):
+    light = ("pk", "state", "attempts", "stop_requested", "heartbeat_at", "started_at")
+    for run in LoadTestRun.objects.filter(state=State.RUNNING).only(*light):
         if not _alive(run):
             _worker_gone(run)
     for pk, child in list(_children.items()):
@@ -308,32 +334,51 @@ def loadtests_tick() -> None:
             _children.pop(pk, None)
     if LoadTestRun.objects.filter(state=State.RUNNING).exists():
         return
-    run = LoadTestRun.objects.filter(state=State.QUEUED).order_by("created_at", "id").first()
+    queued = LoadTestRun.objects.filter(state=State.QUEUED).order_by("created_at", "id")
+    run = queued.only("pk").first()
     if run is not None:
         _start(run)
 
 
 def _alive(run: LoadTestRun) -> bool:
+    """The run's worker still works: it beat within ``LOADTEST_STALE_S``, and, when this loop
+    started it, its process has not exited. A worker of ours that stopped beating is hung."""
     child = _children.get(run.pk)
-    if child is not None and child.poll() is None:
-        return True
+    if child is not None and child.poll() is not None:
+        return False
     beat = run.heartbeat_at or run.started_at
-    fresh = beat is not None and (timezone.now() - beat).total_seconds() < settings.LOADTEST_STALE_S
-    return fresh and child is None  # a worker of ours that exited is gone, fresh beat or not
+    return beat is not None and (timezone.now() - beat).total_seconds() < settings.LOADTEST_STALE_S
 
 
 def _worker_gone(run: LoadTestRun) -> None:
+    """End the run (stopped, or failed after ``MAX_ATTEMPTS``) with the report of what it
+    measured, or queue it again to resume after its last finished step."""
+    _kill(run.pk)
     rows = LoadTestRun.objects.filter(pk=run.pk, state=State.RUNNING, attempts=run.attempts)
     if run.stop_requested or run.attempts >= MAX_ATTEMPTS:
         why = "stopped" if run.stop_requested else f"its worker stopped {run.attempts} times"
-        rows.update(
+        ended = rows.update(
             state=State.STOPPED if run.stop_requested else State.FAILED,
             error="" if run.stop_requested else why,
             message=why,
             finished_at=timezone.now(),
         )
+        if ended:
+            report_write(run.pk)
         return
     rows.update(state=State.QUEUED, pid=None, message="its worker stopped; it resumes")
+
+
+def _kill(run_id: int) -> None:
+    """Stop a worker of ours that no longer beats (hung): its whole process group."""
+    child = _children.pop(run_id, None)
+    if child is None or child.poll() is not None:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait(timeout=10)
 
 
 def _start(run: LoadTestRun) -> None:

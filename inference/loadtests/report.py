@@ -79,7 +79,6 @@ def build_report(
         sessions=PLANNED_SESSIONS,
         target_p95_s=target_p95,
         costs=costs,
-        session_s=session_s,
     )
     wall = sum(max(0.0, s["ended"] - s["started"]) for s in steps)
     prompt = sum(t["prompt"] for t in ok)

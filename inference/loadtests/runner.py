@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -271,14 +272,12 @@ class LoadRun:
         messages: list[dict[str, Any]] = (
             [{"role": "system", "content": SYSTEM_PROMPT}] if agent else []
         )
-        started, nodes, complete, pending, prompt_before = self.now(), [], True, None, 0
+        started, nodes, complete, pending, prompt_before = self.now(), [], False, None, 0
         self.open_sessions += 1
         try:
             for k, planned in enumerate(plan.turns):
-                if planned.think_s:
-                    await asyncio.sleep(planned.think_s)
+                await self._think(planned.think_s, deadline)
                 if self._over(deadline):
-                    complete = False
                     break
                 if pending is not None:
                     messages.append(_tool_message(pending))
@@ -290,12 +289,13 @@ class LoadRun:
                 if record.node and record.node not in nodes:
                     nodes.append(record.node)
                 if not record.ok or reply is None:
-                    complete = False
                     break
                 messages.append(reply.assistant_message())
                 calls = [reply.calls[i] for i in sorted(reply.calls)]
                 pending = calls[0] if calls else None
                 prompt_before = record.prompt
+            else:
+                complete = True  # every turn answered: not cut by a deadline, a stop or an error
         finally:
             self.open_sessions -= 1
             self.step_sessions.append(
@@ -310,6 +310,13 @@ class LoadRun:
                     "nodes": nodes,
                 }
             )
+
+    async def _think(self, seconds: float, deadline: float | None) -> None:
+        """Wait the think time, but not past the step's deadline."""
+        if deadline is not None:
+            seconds = min(seconds, max(0.0, deadline - self.now()))
+        if seconds > 0:
+            await asyncio.sleep(seconds)
 
     async def _turn(
         self,
@@ -386,10 +393,10 @@ class LoadRun:
             details = usage.prompt_tokens_details
             record.cached = (details.cached_tokens or 0) if details else 0
         record.finish = reply.finish
-        record.queue_ms = reply.timings.get("queue_ms")
-        record.prefill_ms = reply.timings.get("prefill_ms")
-        record.node_ttft_ms = reply.timings.get("ttft_ms")
-        record.decode_tps = reply.timings.get("decode_tokens_per_s") or None
+        record.queue_ms = _figure(reply.timings, "queue_ms")
+        record.prefill_ms = _figure(reply.timings, "prefill_ms")
+        record.node_ttft_ms = _figure(reply.timings, "ttft_ms")
+        record.decode_tps = _figure(reply.timings, "decode_tokens_per_s") or None
         record.hit = record.turn > 0 and prompt_before > 0 and record.cached >= prompt_before / 2
         calls = [reply.calls[i] for i in sorted(reply.calls)]
         record.tool_called = bool(calls)
@@ -480,6 +487,15 @@ class LoadRun:
             node_id: {k: n.get(k) for k in keep}
             for node_id, n in (snapshot.get("nodes") or {}).items()
         }
+
+
+def _figure(timings: dict[str, Any], key: str) -> float | None:
+    """A finite number the target sent in its ``timings``, or None (anything else is not
+    kept: a NaN would not even be valid JSON in the row)."""
+    value = timings.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def _take_chunk(reply: Reply, chunk: Any) -> bool:

@@ -26,6 +26,7 @@ so progress is known in advance and a resumed run replays the same plan.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,17 +229,19 @@ def parse_scenario(spec: Any) -> Scenario:
     one hour, fractions 0..1)."""
     if not isinstance(spec, dict):
         raise BadScenario("scenario", "must be a mapping of fields")
-    unknown = sorted(set(spec) - _FIELDS)
+    unknown = sorted((str(k) for k in set(spec) - _FIELDS), key=str)
     if unknown:
-        raise BadScenario(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
+        raise BadScenario(
+            _shown(unknown[0]).strip("'"), f"unknown field (known: {', '.join(sorted(_FIELDS))})"
+        )
     name = _name(spec.get("name"))
     kind = spec.get("kind", "ramp")
     if kind not in KINDS:
-        raise BadScenario("kind", f"must be one of {', '.join(KINDS)}, not {kind!r}")
+        raise BadScenario("kind", f"must be one of {', '.join(KINDS)}, not {_shown(kind)}")
     steps = _steps(spec, kind)
     conversation = spec.get("conversation", "agent" if kind == "agent_sessions" else "chat")
     if conversation not in CONVERSATIONS:
-        raise BadScenario("conversation", f"must be chat or agent, not {conversation!r}")
+        raise BadScenario("conversation", f"must be chat or agent, not {_shown(conversation)}")
     turns = _range(spec.get("turns", 4), "turns", low=1, high=64, integer=True)
     fraction = _number(
         spec.get("tool_call_fraction", 0.5 if conversation == "agent" else 0.0),
@@ -284,8 +287,12 @@ def _name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadScenario("name", "give the scenario a name")
     value = value.strip()
-    if len(value) > 64 or not all(c.isalnum() or c in "-_." for c in value):
-        raise BadScenario("name", "1 to 64 letters, digits, '-', '_' or '.'")
+    if (
+        len(value) > 64
+        or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in value)
+        or value.startswith(".")
+    ):
+        raise BadScenario("name", "1 to 64 letters, digits, '-', '_' or '.' (not first)")
     return value
 
 
@@ -297,13 +304,23 @@ def _text(value: Any, field: str, limit: int) -> str:
     return value.strip()
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value as an error message quotes it: its repr, cut (YAML aliases can make a huge one)."""
+    if not isinstance(value, (str, int, float, bool, type(None))):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _number(value: Any, field: str, low: float, high: float, *, integer: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadScenario(field, f"must be a number, not {value!r}")
+        raise BadScenario(field, f"must be a number, not {_shown(value)}")
+    if not math.isfinite(value):
+        raise BadScenario(field, f"must be a finite number, not {_shown(value)}")
     if integer and value != int(value):
-        raise BadScenario(field, f"must be a whole number, not {value!r}")
+        raise BadScenario(field, f"must be a whole number, not {_shown(value)}")
     if not low <= value <= high:
-        raise BadScenario(field, f"must be between {low:g} and {high:g}, not {value!r}")
+        raise BadScenario(field, f"must be between {low:g} and {high:g}, not {_shown(value)}")
     return float(value)
 
 
@@ -340,10 +357,13 @@ def _steps(spec: dict[str, Any], kind: str) -> tuple[int, ...]:
         raise BadScenario("steps", "a list of concurrency levels, e.g. [1, 2, 4, 8]")
     if len(steps) > 32:
         raise BadScenario("steps", "at most 32 steps")
-    return tuple(
+    levels = tuple(
         int(_number(s, f"steps[{i}]", 1, MAX_CONCURRENCY, integer=True))
         for i, s in enumerate(steps)
     )
+    if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
+        raise BadScenario("steps", "concurrency must rise from step to step, e.g. [1, 2, 4, 8]")
+    return levels
 
 
 def scenario_from_yaml(text: str) -> Scenario:
@@ -435,7 +455,7 @@ class SessionPlan:
 def plan_turns(scenario: Scenario, rng: random.Random) -> tuple[TurnPlan, ...]:
     """The turns of one session: its length drawn from ``turns``, think times from
     ``think_time_s``, tool calls required on ``tool_call_fraction`` of the user turns."""
-    count = round(scenario.turns.draw(rng))
+    count = rng.randint(int(scenario.turns.low), int(scenario.turns.high))
     pool = USER_TURNS if scenario.conversation == "agent" else CHAT_TURNS
     turns = []
     for i in range(count):

@@ -8,6 +8,8 @@ stopped). Every change is audited.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,10 +38,12 @@ def _invalid(exc: BadScenario) -> Invalid:
 
 def scenarios_ensure_builtin() -> None:
     """Write the built-in scenarios (``scenario.BUILTIN``) as the code has them now."""
+    stored = {s.name: s.spec for s in LoadScenario.objects.filter(name__in=list(BUILTIN))}
     for name, spec in BUILTIN.items():
-        LoadScenario.objects.update_or_create(
-            name=name, defaults={"kind": spec["kind"], "spec": spec, "builtin": True}
-        )
+        if stored.get(name) != spec:
+            LoadScenario.objects.update_or_create(
+                name=name, defaults={"kind": spec["kind"], "spec": spec, "builtin": True}
+            )
 
 
 def scenario_list() -> list[LoadScenario]:
@@ -100,27 +104,39 @@ def scenario_delete(*, name: str) -> None:
     audit_record(action="loadtest.scenario.delete", target=f"scenario:{name}")
 
 
-def _checked_target(url: str | None) -> str:
+def _checked_target(url: str | None, token: str) -> str:
     """A target base URL (``http(s)://host:port``; a trailing ``/v1`` is dropped); default:
-    this array's own. ``Invalid`` for another shape or a target that is not registered."""
+    this array's own. ``Invalid`` for another shape, a target that is not registered, or one
+    off this machine without a token of its own (this array's token never leaves it)."""
     url = (url or "").strip().rstrip("/").removesuffix("/v1") or settings.LOADTEST_TARGET_URL
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = _port(parts)
+    except ValueError as exc:
+        raise Invalid(f"target_url: {exc} in {url[:100]!r}.", field="target_url") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Invalid(
-            f"target_url: an http(s) base URL such as http://127.0.0.1:8000, not {url!r}.",
+            f"target_url: an http(s) base URL such as http://127.0.0.1:8000, not {url[:100]!r}.",
             field="target_url",
         )
-    if parts.path.rstrip("/") not in ("", "/v1") or parts.query:
+    if parts.path.rstrip("/") or parts.query:
         raise Invalid(
             "target_url: the base URL only, without a path (the run adds /v1).",
             field="target_url",
         )
-    if not _registered(parts):
+    own = _same_place(parts, settings.LOADTEST_TARGET_URL) or _loopback(parts.hostname)
+    if not own and not _registered_node(parts.hostname, port):
         raise Invalid(
-            f"target_url: {parts.hostname}:{_port(parts)} is not a registered target: this "
-            "array's own URL, a loopback address, or the address of a registered node.",
+            f"target_url: {parts.hostname}:{port} is not a registered target: this array's "
+            "own URL, a loopback address, or the address of a registered node.",
             field="target_url",
             code="target_not_registered",
+        )
+    if not own and not token:
+        raise Invalid(
+            "token: a target off this machine needs a token of its own (the run mints one "
+            "only for this array).",
+            field="token",
         )
     return url
 
@@ -129,18 +145,28 @@ def _port(parts) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _registered(parts) -> bool:
-    """Load goes only where the operator already sends traffic: loopback, this array, or a
-    node of the inventory (an external server registered as a node), never any host."""
+def _loopback(host: str) -> bool:
+    """A loopback address written as such (``localhost`` or a literal IP): a name that merely
+    starts with 127. is not one."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _same_place(parts, url: str) -> bool:
+    other = urlsplit(url)
+    return (parts.hostname, _port(parts)) == (other.hostname, _port(other))
+
+
+def _registered_node(host: str, port: int) -> bool:
+    """An external server registered as a node: load goes only where the operator already
+    sends traffic, never to any host."""
     from nodes.models import Node
 
-    host = parts.hostname or ""
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        return True
-    own = urlsplit(settings.LOADTEST_TARGET_URL)
-    if (host, _port(parts)) == (own.hostname, _port(own)):
-        return True
-    return Node.objects.filter(address=f"{host}:{_port(parts)}").exists()
+    return Node.objects.filter(address=f"{host}:{port}").exists()
 
 
 @transaction.atomic
@@ -151,21 +177,42 @@ def loadtest_start(
     target_url: str | None = None,
     token: str = "",
     profile: bool = False,
+    claim_pid: int | None = None,
 ) -> LoadTestRun:
     """Queue a run of the stored scenario ``scenario`` (or of an unsaved ``spec``) against
     ``target_url`` (default: this array's own ``/v1`` on loopback); ``token``: a Bearer
     token for another target (empty: the worker mints one for this array). The control loop
-    starts it in a worker; runs go one at a time, in order. Raises ``NotFound``, ``Invalid``."""
+    starts it in a worker; runs go one at a time, in order. ``claim_pid``: the run is created
+    already running in that process (``manage.py loadtest``), which ``Conflict`` refuses while
+    another run is running. Raises ``NotFound``, ``Invalid``, ``Conflict``."""
     if spec is not None:
         checked = scenario_parse(spec=spec)
     elif scenario:
         checked = scenario_parse(spec=scenario_get(scenario).spec)
     else:
         raise Invalid("scenario: name a stored scenario or give a spec.", field="scenario")
-    target = _checked_target(target_url)
     if len(token) > 300:
         raise Invalid("token: at most 300 characters.", field="token")
+    target = _checked_target(target_url, token.strip())
+    claimed: dict[str, Any] = {}
+    if claim_pid is not None:
+        busy = LoadTestRun.objects.select_for_update().filter(state=State.RUNNING).first()
+        if busy is not None:
+            raise Conflict(
+                f"Load test {busy.pk} is running; two runs would measure each other. Wait for "
+                "it or stop it.",
+                code="loadtest_running",
+            )
+        now = timezone.now()
+        claimed = {
+            "state": State.RUNNING,
+            "attempts": 1,
+            "pid": claim_pid,
+            "started_at": now,
+            "heartbeat_at": now,
+        }
     run = LoadTestRun.objects.create(
+        **claimed,
         scenario_name=checked.name,
         scenario=checked.as_spec(),
         target_url=target,
@@ -202,11 +249,31 @@ def loadtest_stop(*, run_id: int) -> LoadTestRun:
         message="stopped before it began",
         finished_at=timezone.now(),
     )
-    if not ended:
-        LoadTestRun.objects.filter(pk=run_id).update(stop_requested=True, message="stopping")
+    if ended:
+        from inference.loadtests.jobs import report_write
+
+        report_write(run_id)  # a run queued to resume keeps what its finished steps measured
+    else:
+        LoadTestRun.objects.filter(pk=run_id, state=State.RUNNING).update(
+            stop_requested=True, message="stopping"
+        )
     audit_record(action="loadtest.stop", target=f"loadtest:{run_id}")
     run.refresh_from_db()
     return run
+
+
+MAX_COST_INPUT = 1e9
+
+
+def _amount(value: Any) -> bool:
+    """A cost input: a finite number from 0 to ``MAX_COST_INPUT`` (an infinite or NaN one
+    would make every report invalid JSON)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and 0 <= value <= MAX_COST_INPUT
+    )
 
 
 def cost_model_update(*, changes: dict[str, Any]) -> CostModel:
@@ -221,8 +288,8 @@ def cost_model_update(*, changes: dict[str, Any]) -> CostModel:
             continue
         if field not in CostModel.FIELDS:
             raise Invalid(f"{field}: not a cost input.", field=field)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise Invalid(f"{field}: a number of 0 or more.", field=field)
+        if not _amount(value):
+            raise Invalid(f"{field}: a number from 0 to {MAX_COST_INPUT:g}.", field=field)
         if field == "amortization_months" and value <= 0:
             raise Invalid("amortization_months: more than 0.", field=field)
         setattr(model, field, float(value))
@@ -252,14 +319,16 @@ def loadtest_capacity(
     if not 1 <= sessions <= 10_000_000:
         raise Invalid("sessions: 1 to 10,000,000 concurrent sessions.", field="sessions")
     target = target_p95_s if target_p95_s is not None else run.report["summary"]["target_p95_s"]
-    if not 0 < target <= 600:
+    if not math.isfinite(target) or not 0 < target <= 600:
         raise Invalid("target_p95_s: more than 0 and at most 600 seconds.", field="target_p95_s")
     inputs = CostModel.load().inputs().as_dict()
     for field, value in (costs or {}).items():
         if field not in inputs:
             raise Invalid(f"costs.{field}: not a cost input.", field=f"costs.{field}")
-        if value is None or float(value) < 0:
-            raise Invalid(f"costs.{field}: a number of 0 or more.", field=f"costs.{field}")
+        if not _amount(value):
+            raise Invalid(
+                f"costs.{field}: a number from 0 to {MAX_COST_INPUT:g}.", field=f"costs.{field}"
+            )
         inputs[field] = float(value)
     if inputs["amortization_months"] <= 0:
         raise Invalid("costs.amortization_months: more than 0.", field="costs.amortization_months")
@@ -270,7 +339,6 @@ def loadtest_capacity(
         sessions=sessions,
         target_p95_s=target,
         costs=analysis.CostInputs(**inputs),
-        session_s=summary.get("session_mean_s"),
     )
     plan["currency"] = CostModel.load().currency
     return plan

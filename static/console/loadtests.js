@@ -78,7 +78,7 @@
     drawLive(run.live);
   }
 
-  function follow(id) {
+  function follow(id, reloadAtEnd) {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/loadtests/${id}/`);
     socket.onmessage = (e) => {
@@ -87,7 +87,8 @@
         msg.samples.forEach(s => samples.push({t: s.t, data: s.data}));
         drawRun(msg.run);
         drawCharts();
-      } else if (msg.type === "finished" && !document.getElementById("lt-report")) {
+      } else if (msg.type === "finished" && reloadAtEnd) {
+        reloadAtEnd = false;  // once: the reloaded page was rendered finished
         setTimeout(() => location.reload(), 500);
       }
     };
@@ -106,8 +107,8 @@
       traces.push({x: overlay.curve.map(p => p.concurrency), y: overlay.curve.map(p => p.tokens_per_s), name: `run ${overlay.id} tokens/s`, mode: "lines+markers", line: {color: COLOURS[2]}});
       traces.push({x: overlay.curve.map(p => p.concurrency), y: overlay.curve.map(p => p.p95_s), name: `run ${overlay.id} P95 (s)`, yaxis: "y2", mode: "lines+markers", line: {color: COLOURS[3], dash: "dot"}});
     }
-    let knee = null;
-    for (const p of curve) { if (!p.meets) break; knee = p.concurrency; }
+    let knee = null;  // as the server finds it: the leading run of steps that meet the target
+    for (const p of [...curve].sort((a, b) => a.concurrency - b.concurrency)) { if (!p.meets) break; knee = p.concurrency; }
     const shapes = [{type: "line", xref: "paper", x0: 0, x1: 1, yref: "y2", y0: target, y1: target, line: {color: COLOURS[3], width: 1, dash: "dash"}}];
     const annotations = [];
     if (knee != null) {
@@ -126,7 +127,7 @@
     if (!data) return;
     drawRun(data);
     drawCurve(embedded("lt-curve"), embedded("lt-overlay"), data.scenario.target_p95_s || 0.3);
-    follow(id);
+    follow(id, !data.finished);
   }
   window.PhalanxLoadTests = {bind};
 })();

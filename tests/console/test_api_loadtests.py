@@ -99,6 +99,9 @@ def test_it_queues_a_run_and_stops_it_before_it_starts(api):
         ({"spec": TINY, "target_url": "http://127.0.0.1:8000/v1/chat"}, "target_url"),
         ({}, "scenario"),
         ({"spec": TINY, "target_url": "http://203.0.113.9:8000"}, "target_url"),
+        ({"spec": TINY, "target_url": "http://127.0.0.1.attacker.example:80"}, "target_url"),
+        ({"spec": TINY, "target_url": "http://127.0.0.1:99999"}, "target_url"),
+        ({"spec": TINY, "target_url": "http://[::1"}, "target_url"),
     ],
 )
 def test_it_refuses_a_bad_run_with_a_message(api, body, field):
@@ -149,6 +152,8 @@ def test_it_exports_the_report_as_json_and_csv(api, finished):
     body = api("viewer", "get", f"/loadtests/{finished.pk}/report?download=true")
     assert "attachment" in body["Content-Disposition"]
     assert body.json()["summary"]["knee_concurrency"] == 4
+    odd = api("viewer", "get", f"/loadtests/{finished.pk}/report.csv?rows=a%0Ab")
+    assert odd.status_code == 200 and "steps.csv" in odd["Content-Disposition"]
     steps = api("viewer", "get", f"/loadtests/{finished.pk}/report.csv").content.decode()
     assert steps.splitlines()[0].startswith("concurrency,requests,errors")
     assert len(steps.strip().splitlines()) == 4
@@ -163,6 +168,9 @@ def test_it_changes_the_cost_model_and_refuses_nonsense(api):
     assert changed.json()["power_w"] == 120 and CostModel.load().currency == "EUR"
     bad = api("operator", "put", "/loadtests-cost-model", json={"amortization_months": 0})
     assert bad.status_code == 422 and bad.json()["field"] == "amortization_months"
+    for value in ("inf", "nan", 1e308):
+        bad = api("operator", "put", "/loadtests-cost-model", json={"power_w": value})
+        assert bad.status_code == 422 and bad.json()["field"] == "power_w", value
     assert api("viewer", "put", "/loadtests-cost-model", json={"power_w": 1}).status_code == 403
 
 
@@ -173,6 +181,8 @@ def test_the_report_page_shows_the_knee_plan_and_findings(login, finished):
     assert "Nodes needed 25" in text
     assert "No findings" in text
     assert "Stop" not in text  # finished, and a viewer
+    for odd in ("abc", "²", "-1", "99999999999999999999999"):
+        assert login("viewer").get(f"/loadtests/{finished.pk}/?overlay={odd}").status_code == 200
 
 
 def test_the_list_page_shows_runs_and_only_operators_start_one(login, finished):
@@ -208,3 +218,16 @@ def test_it_accepts_a_registered_external_node_as_a_target(api, package):
     )
     assert other.status_code == 422
     assert "is not a registered target" in other.json()["detail"]
+
+
+def test_a_headless_run_is_refused_while_another_runs(finished):
+    from console.errors import Conflict
+    from inference.loadtests import services
+
+    LoadTestRun.objects.filter(pk=finished.pk).update(state="running")
+    with pytest.raises(Conflict) as caught:
+        services.loadtest_start(spec=TINY, claim_pid=12345)
+    assert f"Load test {finished.pk} is running" in caught.value.message
+    LoadTestRun.objects.filter(pk=finished.pk).update(state="succeeded")
+    run = services.loadtest_start(spec=TINY, claim_pid=12345)
+    assert run.state == "running" and run.attempts == 1 and run.pid == 12345

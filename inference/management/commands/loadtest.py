@@ -11,6 +11,7 @@ status: 0 when it succeeded or was stopped, 1 when it failed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class Command(BaseCommand):
                     target_url=options["target"],
                     token=options["token"],
                     profile=options["profile"],
+                    claim_pid=os.getpid(),
                 )
             except ConsoleError as exc:
                 raise CommandError(exc.message) from exc
@@ -53,7 +55,7 @@ class Command(BaseCommand):
             stop_on_signal(run.pk)
             quiet_clients()
             echo = None if options["quiet"] else (lambda line: self.stderr.write(line))
-            done = loadtest_execute(run.pk, echo=echo)
+            done = loadtest_execute(run.pk, claimed=True, echo=echo)
         if done.error:
             self.stderr.write(f"failed: {done.error}")
         self.stdout.write(

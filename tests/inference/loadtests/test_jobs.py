@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from inference.loadtests import jobs
 from inference.loadtests.models import LoadTestRun, LoadTestSample
+from tests.inference.loadtests.synthetic import turn
 
 SPEC = {
     "name": "t",
@@ -53,12 +54,42 @@ def test_a_run_that_keeps_losing_its_worker_fails_saying_so(no_spawn):
     assert run.state == "failed" and "its worker stopped 3 times" in run.error
 
 
+MEASURED = {
+    "steps_done": [{"step": 0, "c": 1, "started": 0.0, "ended": 5.0}],
+    "turns": [turn(0, 1, sid="a", turn=k) for k in range(2)],
+    "sessions": [
+        {
+            "step": 0,
+            "c": 1,
+            "sid": "a",
+            "t": 0.0,
+            "dur": 2.0,
+            "turns": 2,
+            "complete": True,
+            "nodes": ["node-01"],
+        }
+    ],
+}
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_stop_reaches_a_run_whose_worker_is_gone(no_spawn):
-    run = running(stop_requested=True)
+def test_a_stop_reaches_a_run_whose_worker_is_gone_and_keeps_what_it_measured(no_spawn):
+    run = running(stop_requested=True, **MEASURED)
     jobs.loadtests_tick()
     run.refresh_from_db()
     assert run.state == "stopped"
+    assert run.report["summary"]["requests"] == 2 and run.report["state"] == "stopped"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_queued_to_resume_that_is_stopped_keeps_what_it_measured():
+    from inference.loadtests.services import loadtest_stop
+
+    run = LoadTestRun.objects.create(
+        scenario_name="t", scenario=SPEC, target_url="http://x:1", attempts=1, **MEASURED
+    )
+    stopped = loadtest_stop(run_id=run.pk)
+    assert stopped.state == "stopped" and stopped.report["summary"]["requests"] == 2
 
 
 @pytest.mark.django_db(transaction=True)

@@ -165,6 +165,10 @@ def test_a_run_from_the_api_runs_in_a_worker_and_stops_keeping_what_it_measured(
     assert report["summary"]["requests"] >= 3
     assert report["steps"][0]["concurrency"] == 2
     assert report["control_plane"]["console"]["count"] > 0
+    # a session the stop cut short is not counted as a complete conversation
+    for session in report["sessions"]:
+        answered = sum(1 for t in report["turns"] if t["sid"] == session["sid"] and t["ok"])
+        assert session["complete"] == (answered == session["turns"]), session
     # the control loop ran it in a worker process of its own (``manage.py loadtestjob``)
     assert (
         f"load test {run_id}: stopped"

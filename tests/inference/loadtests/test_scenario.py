@@ -99,3 +99,40 @@ def test_the_builtin_scenarios_are_bounded():
         assert parse_scenario(BUILTIN[name]).max_s <= 180
     assert parse_scenario(BUILTIN["agent-sessions"]).steps == (1, 2, 4, 8, 16, 32)
     assert parse_scenario(BUILTIN["agent-sessions"]).max_s <= 600
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: x\nsteps: [1]\nmax_tokens: .inf\n", "max_tokens"),
+        ("name: x\nsteps: [.nan]\n", "steps[0]"),
+        ("name: x\nsteps: [1]\n1: x\nzzz: y\n", "1"),
+        ("name: x\nsteps: [4, 2]\n", "steps"),
+        ("name: ..\nsteps: [1]\n", "name"),
+        ("- a list\n", "scenario"),
+    ],
+)
+def test_it_refuses_yaml_that_is_not_a_scenario_with_a_message(text, field):
+    with pytest.raises(BadScenario) as caught:
+        scenario_from_yaml(text)
+    assert caught.value.field == field
+
+
+def test_it_keeps_error_messages_short_whatever_the_yaml_expands_to():
+    a = "&a [" + ", ".join(["xxxxxxxx"] * 10) + "]"
+    b = "&b [" + ", ".join(["*a"] * 10) + "]"
+    c = "&c [" + ", ".join(["*b"] * 10) + "]"
+    d = "[" + ", ".join(["*c"] * 10) + "]"
+    with pytest.raises(BadScenario) as caught:
+        scenario_from_yaml(f"name: x\nsteps: [1]\nkind: [{a}, {b}, {c}, {d}]\n")
+    assert caught.value.field == "kind"
+    assert len(str(caught.value)) < 200
+
+
+def test_session_lengths_are_drawn_uniformly():
+    s = parse_scenario(
+        {"name": "a", "kind": "agent_sessions", "steps": [400], "turns": {"min": 2, "max": 4}}
+    )
+    lengths = [len(p.turns) for p in plan_sessions(s, run_tag="r", step=0, count=400)]
+    shares = [lengths.count(n) / 400 for n in (2, 3, 4)]
+    assert all(0.25 < share < 0.42 for share in shares), shares
