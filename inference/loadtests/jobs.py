@@ -136,7 +136,7 @@ class Worker:
         finally:
             await self._db(self._finish, state, error)
             self.db.shutdown(wait=True)
-            self.polls.submit(connection.close).result()
+            self.polls.submit(lambda: connection.close()).result()
             self.polls.shutdown(wait=True)
 
     async def _wait_for_validations(self) -> None:

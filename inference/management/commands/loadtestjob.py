@@ -16,7 +16,7 @@ from inference.loadtests.models import LoadTestRun
 
 def quiet_clients() -> None:
     """One log line per request (httpx's INFO) would drown the progress lines."""
-    for name in ("httpx", "openai", "httpcore"):
+    for name in ("httpx", "httpx2", "openai", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
