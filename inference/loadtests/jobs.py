@@ -193,7 +193,9 @@ class Worker:
         parts = urlsplit(target.url)
         node = Node.objects.filter(address__startswith="127.").order_by("node_id").first()
         pids = {
-            "control_plane": listening_pid(f"{parts.hostname}:{parts.port or 80}"),
+            "control_plane": listening_pid(
+                f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+            ),
             "node": listening_pid(node.address) if node else None,
         }
         self.profiler = Profiler(Path(settings.VAR_DIR) / "loadtests" / f"run-{self.run.pk}")
