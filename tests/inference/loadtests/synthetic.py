@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+# every report has each of these sections (inference.loadtests.report)
+REPORT_SECTIONS = frozenset(
+    (
+        "scenario summary steps curve ttft_split tool_calls nodes errors control_plane capacity "
+        "targets findings profiles"
+    ).split()
+)
+
 
 def turn(
     step: int,

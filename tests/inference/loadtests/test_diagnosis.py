@@ -6,7 +6,7 @@ from __future__ import annotations
 from inference.loadtests.analysis import CostInputs
 from inference.loadtests.report import build_report
 from inference.loadtests.scenario import parse_scenario
-from tests.inference.loadtests.synthetic import curve, turn
+from tests.inference.loadtests.synthetic import REPORT_SECTIONS, curve, turn
 
 SCENARIO = parse_scenario({"name": "d", "kind": "agent_sessions", "steps": [1, 2, 4]})
 
@@ -141,19 +141,6 @@ def test_it_finds_overload_and_a_slow_control_plane():
 
 def test_a_run_that_measured_nothing_still_has_every_section():
     report = report_of([], [], [])
-    assert {
-        "summary",
-        "steps",
-        "curve",
-        "ttft_split",
-        "tool_calls",
-        "nodes",
-        "errors",
-        "control_plane",
-        "capacity",
-        "targets",
-        "findings",
-        "profiles",
-    } <= set(report)
+    assert REPORT_SECTIONS <= set(report)
     assert report["summary"]["requests"] == 0 and report["summary"]["knee_concurrency"] is None
     assert report["findings"] == [] and not report["capacity"]["reachable"]

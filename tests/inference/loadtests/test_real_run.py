@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from tests.inference.loadtests.synthetic import REPORT_SECTIONS
 from tests.support.processes import REPO
 from tests.support.serving_array import serving_array
 
@@ -30,21 +31,6 @@ max_tokens: 8
 tool_max_tokens: 64
 max_s: 240
 """
-SECTIONS = {
-    "scenario",
-    "summary",
-    "steps",
-    "curve",
-    "ttft_split",
-    "tool_calls",
-    "nodes",
-    "errors",
-    "control_plane",
-    "capacity",
-    "targets",
-    "findings",
-    "profiles",
-}
 HEADLINE = {
     "knee_concurrency",
     "session_p95_s",
@@ -103,7 +89,7 @@ def test_a_short_run_from_the_command_line_reports_every_section(array, tmp_path
     assert headline["requests"] == 9 and headline["errors"] == 0  # 1 + 2 sessions, 3 turns
 
     report = array.api("GET", f"/loadtests/{headline['run']}/report").json()
-    assert SECTIONS <= set(report)
+    assert REPORT_SECTIONS <= set(report)
     assert [r["concurrency"] for r in report["steps"]] == [1, 2]
     assert report["nodes"][0]["node"] == "node-lt1" and report["nodes"][0]["requests"] == 9
     assert report["control_plane"]["health"]["count"] > 0
