@@ -169,7 +169,8 @@ class LoadRun:
         self.should_stop, self.tick, self.step_done = should_stop, tick, step_done
         self.sample_array = sample_array
         self.origin = time.monotonic() - elapsed_s  # "t" of records: seconds since the run began
-        self.requests = requests_before
+        self.requests = requests_before  # sent, all attempts
+        self.answered_before = requests_before  # earlier attempts' records are all finished
         self.turns: list[TurnRecord] = []  # this attempt's finished turns (all steps)
         self.step_turns: list[TurnRecord] = []
         self.step_sessions: list[dict[str, Any]] = []
@@ -416,7 +417,8 @@ class LoadRun:
                 continue
 
     async def live(self) -> dict[str, Any]:
-        """The live figures: step, concurrency, open sessions, requests/s, TTFT P50/P95 and
+        """The live figures: step, concurrency, open sessions, requests sent and answered
+        (finished, failed included), requests/s, TTFT P50/P95 and
         turn latency P95 over the last ``WINDOW_S``, session P95 so far, errors by kind,
         tool-call validity, the array's nodes and the control plane's probe latencies (ms)."""
         now = self.now()
@@ -434,6 +436,7 @@ class LoadRun:
             "concurrency": self.scenario.steps[self.step_index],
             "open_sessions": self.open_sessions,
             "requests": self.requests,
+            "answered": self.answered_before + len(self.turns),
             "requests_per_s": round(len(ok) / min(WINDOW_S, max(now, 1e-9)), 3),
             "tokens_per_s": round(sum(t.completion for t in ok) / min(WINDOW_S, max(now, 1e-9)), 2),
             "ttft_p50_s": analysis.rounded(analysis.percentile((t.ttft for t in ok), 50)),

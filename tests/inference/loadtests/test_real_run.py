@@ -127,7 +127,7 @@ def test_a_run_from_the_api_runs_in_a_worker_and_stops_keeping_what_it_measured(
 
     def measuring():
         run = array.api("GET", f"/loadtests/{run_id}").json()
-        return run if run["state"] == "running" and run["live"].get("requests", 0) >= 3 else None
+        return run if run["state"] == "running" and run["live"].get("answered", 0) >= 3 else None
 
     run = until(measuring, timeout=120)
     assert run, array.api("GET", f"/loadtests/{run_id}").json()
