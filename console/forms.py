@@ -282,6 +282,7 @@ class LoadTestForm(forms.Form):
 
         super().__init__(*args, **kwargs)
         self.fields["scenario"].choices = [(s.name, s.name) for s in scenario_list()]
+        self.fields["scenario"].initial = "agent-sessions-quick"
 
     def changes(self) -> dict:
         data = self.cleaned_data

@@ -28,8 +28,15 @@ def steps_text(spec: dict[str, Any]) -> str:
     return ", ".join(str(c) for c in spec.get("steps") or [spec.get("concurrency")])
 
 
+def turns_text(spec: dict[str, Any]) -> str:
+    """A session length as text: "8", or "2–6" for a range."""
+    turns = spec.get("turns", 4)
+    return f"{turns['min']}–{turns['max']}" if isinstance(turns, dict) else str(turns)
+
+
 def _with_steps(row: LoadScenario) -> LoadScenario:
     row.steps_text = steps_text(row.spec)  # type: ignore[attr-defined]
+    row.turns_text = turns_text(row.spec)  # type: ignore[attr-defined]
     return row
 
 
@@ -122,6 +129,7 @@ def loadtest(request: HttpRequest, run_id: int) -> HttpResponse:
             "page": "loadtests",
             "run": run,
             "steps_text": steps_text(run.scenario),
+            "turns_text": turns_text(run.scenario),
             "data": run_out(run),
             "report": run.report,
             "overlay": overlay,

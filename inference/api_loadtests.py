@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
 from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
-from console.errors import Conflict, NotFound
+from console.errors import Conflict, Invalid, NotFound
 from inference.loadtests import services
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun
 from inference.loadtests.report import steps_csv, turns_csv
@@ -23,7 +23,12 @@ from inference.loadtests.scenario import parse_scenario, scenario_to_yaml
 router = Router(tags=["load tests"])
 
 
+FORBID_EXTRA = {"extra": "forbid"}  # a misspelt field is a 422 naming it, not ignored
+
+
 class ScenarioIn(Schema):
+    model_config = FORBID_EXTRA
+
     spec: dict[str, Any] | None = Field(
         None, description="the scenario's fields (docs/loadtests.md)"
     )
@@ -39,6 +44,8 @@ class ScenarioOut(Schema):
 
 
 class RunIn(Schema):
+    model_config = FORBID_EXTRA
+
     scenario: str | None = Field(None, description="a stored scenario's name")
     spec: dict[str, Any] | None = Field(None, description="or an unsaved scenario")
     target_url: str | None = Field(None, description="base URL (default: this array's own)")
@@ -68,12 +75,16 @@ class RunOut(Schema):
 
 
 class CapacityIn(Schema):
+    model_config = FORBID_EXTRA
+
     sessions: int = Field(description="concurrent sessions to plan for")
     target_p95_s: float | None = Field(None, description="default: the scenario's target")
     costs: dict[str, float] = Field({}, description="override cost-model inputs for this plan")
 
 
 class CostModelIO(Schema):
+    model_config = FORBID_EXTRA
+
     power_w: float | None = None
     electricity_per_kwh: float | None = None
     hardware_cost: float | None = None
@@ -142,6 +153,8 @@ def scenarios_list(request: HttpRequest) -> list[dict]:
     summary="Save a scenario (JSON spec or YAML); a bad field is a 422 naming it",
 )
 def scenarios_save(request: HttpRequest, payload: ScenarioIn) -> tuple[int, dict]:
+    if (payload.spec is None) == (payload.yaml is None):
+        raise Invalid("Give the scenario as yaml or as spec (one of them).", field="yaml")
     row = services.scenario_save(spec=payload.spec, yaml_text=payload.yaml)
     return 201, _scenario_out(row)
 
@@ -218,9 +231,11 @@ def runs_report(request: HttpRequest, run_id: int, download: bool = False) -> Ht
     auth=NEEDS_VIEWER,
     summary="The step table (or every turn: ?rows=turns) as CSV",
 )
-def runs_csv(request: HttpRequest, run_id: int, rows: str = "steps") -> HttpResponse:
+def runs_csv(
+    request: HttpRequest, run_id: int, rows: Literal["steps", "turns"] = "steps"
+) -> HttpResponse:
     run = _report(run_id)
-    which = "turns" if rows == "turns" else "steps"
+    which = rows
     text = turns_csv(run.turns) if which == "turns" else steps_csv(run.report)
     response = HttpResponse(text, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="loadtest-{run.pk}-{which}.csv"'

@@ -5,9 +5,9 @@ session records, and returns a ``Finding`` with the evidence that triggered it, 
 The rules, in the table's order (thresholds are ours, chosen so that a healthy run on the
 bundled model on this machine triggers none of them):
 
-1. one stream fast, many streams stall -> memory bandwidth: the median per-stream decode rate
-   at the highest step is under half that at the lowest, while array throughput grew by less
-   than a quarter of the concurrency's growth;
+1. one stream fast, many streams stall -> memory bandwidth: with two streams a node or more at
+   the highest step, the median per-stream decode rate there is under half that at the
+   lowest, while array throughput grew by less than a quarter of the concurrency's growth;
 2. tool-call arguments wrong -> quantization too low: validity under 95 % over 10+ checked
    (calls cut off by the turn's token limit are a finding of their own too);
 3. a session slows mid-conversation -> the scheduler moved it: any session answered by more
@@ -57,8 +57,9 @@ def _bandwidth(ctx: Context) -> Finding | None:
     if len(rows) < 2:
         return None
     low, high = rows[0], rows[-1]
-    if high["concurrency"] <= low["concurrency"] or not low["tokens_per_s"]:
-        return None
+    nodes = max(1, sum(1 for n in ctx["report"]["nodes"] if n["requests"]))
+    if high["concurrency"] < 2 * nodes or not low["tokens_per_s"]:
+        return None  # one stream a node at most: nothing shared a node's memory
     stream_ratio = high["stream_decode_tps"] / low["stream_decode_tps"]
     growth = (high["tokens_per_s"] / low["tokens_per_s"] - 1) / (
         high["concurrency"] / low["concurrency"] - 1

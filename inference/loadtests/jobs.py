@@ -298,11 +298,14 @@ def _progress(scenario: Scenario, run: LoadTestRun, live: dict[str, Any]) -> flo
 
 async def _first_model(target: Target) -> str:
     """The first model the target lists at ``/v1/models`` (a scenario that names none)."""
-    async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.get(
-            f"{target.url}/v1/models", headers={"Authorization": f"Bearer {target.token}"}
-        )
-    response.raise_for_status()
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.get(
+                f"{target.url}/v1/models", headers={"Authorization": f"Bearer {target.token}"}
+            )
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"{target.url}/v1/models: {type(exc).__name__}: {exc}") from exc
     models = response.json().get("data") or []
     if not models:
         raise RuntimeError(f"{target.url}/v1/models lists no model (is a node validated and up?)")

@@ -113,11 +113,11 @@
     const annotations = [];
     if (knee != null) {
       shapes.push({type: "line", x0: knee, x1: knee, yref: "paper", y0: 0, y1: 1, line: {color: COLOURS[2], width: 2}});
-      annotations.push({x: knee, yref: "paper", y: 1, text: `knee: ${knee}`, showarrow: false, yanchor: "bottom"});
+      annotations.push({x: knee, yref: "paper", y: 1, text: `knee: ${knee} sessions`, showarrow: false, yanchor: "bottom"});
     }
     Plotly.react(el, traces, {height: 340, margin: {l: 55, r: 60, t: 30, b: 45}, legend: {orientation: "h", y: -0.25},
       xaxis: {title: {text: "concurrent sessions"}, type: "log", tickvals: x}, yaxis: {title: {text: "tokens/s"}, rangemode: "tozero"},
-      yaxis2: {title: {text: "P95 s"}, overlaying: "y", side: "right", rangemode: "tozero"}, shapes, annotations}, CONFIG);
+      yaxis2: {title: {text: "P95 s (dashed: target)"}, overlaying: "y", side: "right", rangemode: "tozero", tickformat: ".2f"}, shapes, annotations}, CONFIG);
     el.dataset.points = String(traces.reduce((a, t) => a + t.y.filter(v => v != null).length, 0));
     el.dataset.knee = knee == null ? "" : String(knee);
   }

@@ -153,7 +153,7 @@ def test_it_exports_the_report_as_json_and_csv(api, finished):
     assert "attachment" in body["Content-Disposition"]
     assert body.json()["summary"]["knee_concurrency"] == 4
     odd = api("viewer", "get", f"/loadtests/{finished.pk}/report.csv?rows=a%0Ab")
-    assert odd.status_code == 200 and "steps.csv" in odd["Content-Disposition"]
+    assert odd.status_code == 422 and odd.json()["field"] == "rows"
     steps = api("viewer", "get", f"/loadtests/{finished.pk}/report.csv").content.decode()
     assert steps.splitlines()[0].startswith("concurrency,requests,errors")
     assert len(steps.strip().splitlines()) == 4
@@ -231,3 +231,18 @@ def test_a_headless_run_is_refused_while_another_runs(finished):
     LoadTestRun.objects.filter(pk=finished.pk).update(state="succeeded")
     run = services.loadtest_start(spec=TINY, claim_pid=12345)
     assert run.state == "running" and run.attempts == 1 and run.pid == 12345
+
+
+def test_it_names_a_misspelt_field_instead_of_ignoring_it(api):
+    typo = api("operator", "post", "/loadtests", json={"spec": TINY, "target_token": "x"})
+    assert typo.status_code == 422 and typo.json()["field"] == "target_token"
+    assert not LoadTestRun.objects.exists()
+    both = api(
+        "operator",
+        "post",
+        "/loadtests/scenarios",
+        json={"spec": TINY, "yaml": "name: y\nsteps: [1]\n"},
+    )
+    assert both.status_code == 422 and "one of them" in both.json()["detail"]
+    neither = api("operator", "post", "/loadtests/scenarios", json={})
+    assert neither.status_code == 422 and "one of them" in neither.json()["detail"]
