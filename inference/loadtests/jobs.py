@@ -40,6 +40,7 @@ from inference.loadtests.profiling import Profiler
 from inference.loadtests.report import build_report
 from inference.loadtests.runner import LoadRun, Target
 from inference.loadtests.scenario import Scenario, parse_scenario
+from inference.packages.jobs import child_environment
 
 log = logging.getLogger(__name__)
 State = LoadTestRun.State
@@ -392,9 +393,7 @@ def _start(run: LoadTestRun) -> None:
     args = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "loadtestjob", str(run.pk)]
     logfile = Path(settings.VAR_DIR) / "logs" / f"loadtest-{run.pk}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PHALANX_HOME": str(settings.VAR_DIR)}
-    if connection.vendor == "sqlite":
-        env["PHALANX_SQLITE"] = str(connection.settings_dict["NAME"])
+    env = child_environment()  # the same database as this process, as package jobs get
     try:
         with open(logfile, "ab") as out:
             child = subprocess.Popen(

@@ -68,20 +68,6 @@ def build_report(
         row["meets"] = analysis.meets_target(row, scenario.target_p95_s)
     node_rows = analysis.node_rows(turns, sessions, samples)
     serving = max(1, sum(1 for n in node_rows if n["requests"]))
-    target_p95 = scenario.target_p95_s
-    found = analysis.knee(rows, target_p95)
-    ok = [t for t in turns if t["ok"]]
-    complete = [s for s in sessions if s["complete"]]
-    session_s = analysis.mean_of(s["dur"] for s in complete)
-    plan = analysis.capacity_plan(
-        rows=rows,
-        nodes_in_run=serving,
-        sessions=PLANNED_SESSIONS,
-        target_p95_s=target_p95,
-        costs=costs,
-    )
-    wall = sum(max(0.0, s["ended"] - s["started"]) for s in steps)
-    prompt = sum(t["prompt"] for t in ok)
     report: dict[str, Any] = {
         "scenario": scenario.as_spec(),
         "target": target,
@@ -93,7 +79,7 @@ def build_report(
                 "tokens_per_s": r["tokens_per_s"],
                 "requests_per_s": r["requests_per_s"],
                 "p95_s": analysis.knee_metric(r),
-                "meets": analysis.meets_target(r, target_p95),
+                "meets": r["meets"],
             }
             for r in rows
         ],
@@ -105,28 +91,54 @@ def build_report(
             "health": analysis.latency_summary([s.get("health_ms") for s in samples]),
             "console": analysis.latency_summary([s.get("console_ms") for s in samples]),
         },
-        "capacity": plan,
-        "targets": knees_by_target(rows, serving, target_p95),
+        "capacity": analysis.capacity_plan(
+            rows=rows,
+            nodes_in_run=serving,
+            sessions=PLANNED_SESSIONS,
+            target_p95_s=scenario.target_p95_s,
+            costs=costs,
+        ),
+        "targets": knees_by_target(rows, serving, scenario.target_p95_s),
         "profiles": profiles or {},
     }
-    report["summary"] = {
+    report["summary"] = _summary(report, turns, sessions, steps, serving)
+    report["findings"] = diagnose(report, turns, sessions)
+    return report
+
+
+def _summary(
+    report: dict[str, Any],
+    turns: list[dict[str, Any]],
+    sessions: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    serving: int,
+) -> dict[str, Any]:
+    """The report's headline figures, over the whole run (shape in the module docstring)."""
+    ok = [t for t in turns if t["ok"]]
+    complete = [s["dur"] for s in sessions if s["complete"]]
+    wall = sum(max(0.0, s["ended"] - s["started"]) for s in steps)
+    prompt = sum(t["prompt"] for t in ok)
+    target = report["scenario"]["target_p95_s"]
+    found = analysis.knee(report["steps"], target)
+    plan = report["capacity"]
+    pct = analysis.percentile
+    return {
         "requests": len(turns),
         "errors": len(turns) - len(ok),
         "duration_s": round(wall, 2),
         "nodes": serving,
-        "target_p95_s": target_p95,
+        "target_p95_s": target,
         "knee_concurrency": found["concurrency"] if found else None,
         "knee_metric": "TTFT P95 of cache-hit turns",
-        "bend_concurrency": analysis.bend(rows),
+        "bend_concurrency": analysis.bend(report["steps"]),
         "sessions": len(complete),
-        "session_mean_s": analysis.rounded(session_s, 3),
-        "session_p95_s": analysis.rounded(analysis.percentile((s["dur"] for s in complete), 95), 3),
-        "session_p99_s": analysis.rounded(analysis.percentile((s["dur"] for s in complete), 99), 3),
+        "session_mean_s": analysis.rounded(analysis.mean_of(complete), 3),
+        "session_p95_s": analysis.rounded(pct(complete, 95), 3),
+        "session_p99_s": analysis.rounded(pct(complete, 99), 3),
         "turn_ttft_p95_s": analysis.rounded(
-            analysis.percentile((t["ttft"] for t in ok if t["hit"]), 95)
-            or analysis.percentile((t["ttft"] for t in ok), 95)
+            pct((t["ttft"] for t in ok if t["hit"]), 95) or pct((t["ttft"] for t in ok), 95)
         ),
-        "turn_latency_p95_s": analysis.rounded(analysis.percentile((t["lat"] for t in ok), 95)),
+        "turn_latency_p95_s": analysis.rounded(pct((t["lat"] for t in ok), 95)),
         "tokens_per_s": round(sum(t["completion"] for t in ok) / wall, 2) if wall else 0.0,
         "cached_ratio": analysis.rounded(sum(t["cached"] for t in ok) / prompt) if prompt else None,
         "sessions_per_node": plan["sessions_per_node"],
@@ -134,8 +146,6 @@ def build_report(
         "cost_per_million_tokens": plan["cost_per_million_tokens"],
         "tool_call_validity": report["tool_calls"]["validity"],
     }
-    report["findings"] = diagnose(report, turns, sessions)
-    return report
 
 
 def headline(report: dict[str, Any], *, run_id: int | None = None) -> dict[str, Any]:

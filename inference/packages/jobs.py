@@ -448,7 +448,7 @@ def _start(job: PackageJob) -> None:
             child = subprocess.Popen(
                 args,
                 cwd=settings.BASE_DIR,
-                env=_child_environment(),
+                env=child_environment(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -462,7 +462,7 @@ def _start(job: PackageJob) -> None:
     PackageJob.objects.filter(pk=job.pk).update(pid=child.pid)
 
 
-def _child_environment() -> dict[str, str]:
+def child_environment() -> dict[str, str]:
     """This process's environment, with the SQLite file it is connected to (the same
     database whatever ``PHALANX_HOME`` the child would derive; the test database in tests)."""
     env = {**os.environ, "PHALANX_HOME": str(settings.VAR_DIR)}
