@@ -56,6 +56,7 @@ class StreamResult:
     tokens: int
     text: str
     usage: dict | None
+    timings: dict | None = None  # the server's own ``timings`` (llama-server and Phalanx send one)
 
 
 async def stream_chat(
@@ -66,7 +67,7 @@ async def stream_chat(
     ttft = 0.0
     tokens = 0
     parts: list[str] = []
-    usage = None
+    usage = timings = None
     async with client.stream(
         "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, headers=headers or {}
     ) as response:
@@ -76,6 +77,7 @@ async def stream_chat(
                 continue
             event = json.loads(line[6:])
             usage = event.get("usage") or usage
+            timings = event.get("timings") or timings
             for choice in event.get("choices") or []:
                 content = choice.get("delta", {}).get("content")
                 if content:
@@ -83,7 +85,8 @@ async def stream_chat(
                         ttft = time.perf_counter() - start
                     tokens += 1
                     parts.append(content)
-    return StreamResult(ttft, time.perf_counter() - start, tokens, "".join(parts), usage)
+    total = time.perf_counter() - start
+    return StreamResult(ttft, total, tokens, "".join(parts), usage, timings)
 
 
 def start_llama_cpp_server(log_dir: Path, *, threads: int, n_ctx: int) -> Proc:

@@ -14,14 +14,22 @@ Workloads, each run on both sides, the first side alternating from one workload 
 * plain streams: 1, 8 and 16 concurrent requests, each its own prompt, greedy, 64 tokens;
   aggregate completion tokens per second;
 * agent sessions: a ~530-token system prompt listing tools, each turn adds a user message
-  (~55 tokens) or a tool result (~95 tokens) and generates up to 40 tokens (greedy; the text generated goes back
-  into the history, as an agent's client does), ``X-Session-Id`` set, streamed. 8 sessions x 10
-  turns, and 24 sessions x 6 turns, 8 turns in flight at once (so with 24 sessions each
-  sequence is shared by three sessions taking turns).
+  (~55 tokens) or a tool result (~95 tokens) and generates up to 40 tokens (greedy),
+  ``X-Session-Id`` set, streamed. 8 sessions x 10 turns, and 24 sessions x 6 turns, 8 turns in
+  flight at once (so with 24 sessions each sequence is shared by three sessions taking turns).
+  The assistant turns put back into the history are scripted (``multiturn.scripted_reply``,
+  whatever either model generated), so both sides are sent the same histories (``history``).
+
+Fair to the peer: the same prompts and histories on both sides, token counts reported as each
+server counted them (prompt, reused from its cache, prefilled, generated), and per-token figures
+beside the per-turn ones, measured by this client the same way on both sides: TTFT per prefilled
+prompt token and the time after the first token per further generated token. A side that
+generates fewer tokens (an earlier end of text) then finishes its turns sooner without being
+faster per token.
 
 Prints each figure side by side, then one JSON line with ``ratio_8`` and ``ratio_24`` (Phalanx's
-mean turn over llama-server's; goals <= 0.8 and <= 0.6) and ``tps_ratio`` per stream count
-(goal >= 1.1 at 8 and 16).
+mean turn over llama-server's; goals <= 0.8 and <= 0.6), ``per_token_ratio`` (the same for the
+per-token figures) and ``tps_ratio`` per stream count (goal >= 1.1 at 8 and 16).
 
     python bench/vs_llama_server.py [--quick] [--build-only]
 """
@@ -52,7 +60,7 @@ from harness import (
     stream_chat,
     wait_until_up,
 )
-from multiturn import SYSTEM
+from multiturn import SYSTEM, scripted_reply
 
 LLAMA_CPP_PYTHON = "0.3.36"  # pyproject.toml pins the same version
 NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
@@ -134,33 +142,65 @@ def turn_message(session: int, turn: int) -> dict:
     }
 
 
+def history(tag: str, session: int, turn: int) -> list[dict]:
+    """The messages sent for ``session``'s turn ``turn``: the system prompt, each earlier turn's
+    message and its scripted reply, then this turn's message. The same on both sides whatever
+    either model generated; each turn's history extends the previous one's."""
+    messages = [{"role": "system", "content": system_prompt(tag)}]
+    for earlier in range(turn):
+        messages.append(turn_message(session, earlier))
+        messages.append({"role": "assistant", "content": scripted_reply(session, earlier)})
+    return [*messages, turn_message(session, turn)]
+
+
+def prompt_counts(result) -> tuple[int, int | None]:
+    """(prompt tokens, of them reused from the server's cache) as the server counted them:
+    ``usage`` and its ``prompt_tokens_details.cached_tokens``, else llama-server's ``timings``
+    (``cache_n`` reused, ``prompt_n`` evaluated); reused is None where neither says."""
+    usage, timings = result.usage or {}, result.timings or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is None:
+        cached = timings.get("cache_n")
+    prompt = usage.get("prompt_tokens")
+    if prompt is None:
+        prompt = timings.get("prompt_n", 0) + (cached or 0)
+    return prompt, cached
+
+
+def turn_record(result, turn_s: float, turn: int) -> dict:
+    """One turn's figures: seconds, TTFT, and the server's token counts."""
+    prompt, cached = prompt_counts(result)
+    completion = (result.usage or {}).get("completion_tokens", result.tokens)
+    return {
+        "turn_s": turn_s,
+        "ttft_s": result.ttft_s if result.tokens else None,  # no text streamed: no first token
+        "later": turn > 0,
+        "prompt": prompt,
+        "cached": cached,
+        "completion": completion,
+    }
+
+
 async def agent_sessions(
     url: str, headers: dict, tag: str, sessions: int, turns: int, at_once: int
 ) -> dict:
     """``sessions`` conversations of ``turns`` turns, at most ``at_once`` turns in flight; the
-    waiting turns are served first come, first served, so sessions take turns round-robin."""
+    waiting turns are served first come, first served, so sessions take turns round-robin.
+    Returns ``{"turns": [turn_record, ...], "wall_s": seconds}``."""
     gate = asyncio.Semaphore(at_once)
-    out = {"turns": [], "ttft_later": [], "prompt": 0, "cached": 0, "completion": 0}
+    out: dict = {"turns": []}
 
     async def one(client: httpx.AsyncClient, sid: int) -> None:
-        messages = [{"role": "system", "content": system_prompt(tag)}]
         for turn in range(turns):
-            messages.append(turn_message(sid, turn))
-            body = {"messages": messages, "max_tokens": 40, "temperature": 0}
+            body = {"messages": history(tag, sid, turn), "max_tokens": 40, "temperature": 0}
             body["stream_options"] = {"include_usage": True}
             async with gate:
                 began = time.perf_counter()
                 result = await stream_chat(
                     client, url, body, headers={**headers, "X-Session-Id": f"{tag}-{sid}"}
                 )
-                out["turns"].append(time.perf_counter() - began)
-            if turn and result.tokens:  # a turn that streamed no text has no first token
-                out["ttft_later"].append(result.ttft_s)
-            usage = result.usage or {}
-            out["prompt"] += usage.get("prompt_tokens", 0)
-            out["completion"] += usage.get("completion_tokens", result.tokens)
-            out["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            messages.append({"role": "assistant", "content": result.text})
+                turn_s = time.perf_counter() - began
+            out["turns"].append(turn_record(result, turn_s, turn))
 
     # a new connection per request on both sides: llama-server's HTTP library closes idle
     # keep-alive connections after 5 s, and a request sent on one it just closed fails
@@ -192,15 +232,30 @@ async def plain_streams(url: str, headers: dict, tag: str, streams: int, max_tok
 
 
 def agent_figures(out: dict) -> dict:
-    turns = out["turns"]
+    """Per-turn figures (mean and p95 turn, TTFT of later turns), the token counts, and the
+    per-token figures: TTFT ms per prefilled prompt token (None when the server did not say
+    what it reused) and ms per generated token after the first."""
+    records = out["turns"]
+    turns = [r["turn_s"] for r in records]
+    ttft_later = [r["ttft_s"] for r in records if r["later"] and r["ttft_s"] is not None]
+    streamed = [r for r in records if r["ttft_s"] is not None]
+    known = all(r["cached"] is not None for r in records)
+    prefilled = sum(r["prompt"] - r["cached"] for r in streamed) if known else None
+    after_first = sum(r["turn_s"] - r["ttft_s"] for r in streamed)
+    further = sum(max(0, r["completion"] - 1) for r in streamed)
+    ttft_sum = sum(r["ttft_s"] for r in streamed)
     return {
+        "turns": len(records),
         "mean_turn_s": round(sum(turns) / len(turns), 3),
         "p95_turn_s": round(percentile(turns, 95), 3),
-        "ttft_later_mean_s": round(sum(out["ttft_later"]) / max(1, len(out["ttft_later"])), 3),
-        "ttft_later_p95_s": round(percentile(out["ttft_later"], 95), 3),
-        "prompt_tokens": out["prompt"],
-        "cached_tokens": out["cached"],
-        "completion_tokens": out["completion"],
+        "ttft_later_mean_s": round(sum(ttft_later) / max(1, len(ttft_later)), 3),
+        "ttft_later_p95_s": round(percentile(ttft_later, 95), 3),
+        "prompt_tokens": sum(r["prompt"] for r in records),
+        "cached_tokens": sum(r["cached"] for r in records) if known else None,
+        "prefilled_tokens": prefilled,
+        "completion_tokens": sum(r["completion"] for r in records),
+        "ttft_ms_per_prefilled_token": round(1000 * ttft_sum / prefilled, 3) if prefilled else None,
+        "ms_per_generated_token": round(1000 * after_first / further, 3) if further else None,
         "wall_s": round(out["wall_s"], 1),
     }
 
@@ -225,7 +280,7 @@ def node_metrics(url: str, headers: dict) -> dict:
     return figures
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer turns (about 8 minutes)")
     parser.add_argument("--build-only", action="store_true", help="build llama-server and stop")
@@ -238,7 +293,41 @@ def main() -> None:
         "--only", default="", help="comma-separated workloads: streams,agents8,agents24"
     )
     parser.add_argument("--node-args", default="", help="extra runnode options, space-separated")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def workload_list(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """``(kind, size)`` in the order run: stream counts, then (sessions, turns) of agents."""
+    turns8, turns24 = (4, 3) if args.quick else (10, 6)
+    workloads: list[tuple[str, object]] = [("streams", n) for n in (1, 8, 16)]
+    workloads += [("agents8", (8, turns8)), ("agents24", (24, turns24))]
+    if args.only:
+        workloads = [w for w in workloads if w[0] in args.only.split(",")]
+    return workloads
+
+
+def run_workloads(servers: dict, sides: list[str], workloads: list, seed: int) -> dict:
+    """Each workload on both servers (``{side: (url, headers)}``), the first side alternating
+    from one workload to the next; ``{side: {figure name: figures}}``."""
+    results: dict[str, dict] = {side: {} for side in sides}
+    for i, (kind, size) in enumerate(workloads):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            url, headers = servers[side]
+            tag = f"{kind}-{size}-{seed}"  # the same prompts on both sides
+            if kind == "streams":
+                got = asyncio.run(plain_streams(url, headers, tag, size, 64))
+                figures = {k: round(v, 2) for k, v in got.items()}
+                results[side][f"streams_{size}"] = figures
+            else:
+                sessions, turns = size
+                got = asyncio.run(agent_sessions(url, headers, tag, sessions, turns, 8))
+                figures = results[side][kind] = agent_figures(got)
+            print(side, kind, size, json.dumps(figures), flush=True)
+    return results
+
+
+def main() -> None:
+    args = parse_args()
     binary = ensure_llama_server(args.cache)
     if args.build_only:
         print(binary)
@@ -247,11 +336,6 @@ def main() -> None:
     print(f"seed {seed}")
     sides = ["llama-server", "phalanx"]
     random.Random(seed).shuffle(sides)
-    turns8, turns24 = (4, 3) if args.quick else (10, 6)
-    workloads = [("streams", n) for n in (1, 8, 16)]
-    workloads += [("agents8", (8, turns8)), ("agents24", (24, turns24))]
-    if args.only:
-        workloads = [w for w in workloads if w[0] in args.only.split(",")]
     log_dir = Path(tempfile.mkdtemp(prefix="phalanx-vs-llama-server-"))
     theirs = start_llama_server(binary, log_dir, args)
     ours = start_node(
@@ -261,28 +345,30 @@ def main() -> None:
         extra_args=["--sequences", str(args.sequences), "--ctx-per-seq", str(args.ctx_per_seq)]
         + args.node_args.split(),
     )
-    results: dict[str, dict] = {side: {} for side in sides}
     try:
-        for i, (kind, size) in enumerate(workloads):
-            order = sides if i % 2 == 0 else sides[::-1]
-            for side in order:
-                url, headers = (
-                    (theirs.url, {}) if side == "llama-server" else (ours.url, ours.headers)
-                )
-                tag = f"{kind}-{size}-{seed}"  # the same prompts on both sides
-                if kind == "streams":
-                    got = asyncio.run(plain_streams(url, headers, tag, size, 64))
-                    results[side][f"streams_{size}"] = {k: round(v, 2) for k, v in got.items()}
-                else:
-                    sessions, turns = size
-                    got = asyncio.run(agent_sessions(url, headers, tag, sessions, turns, 8))
-                    results[side][kind] = agent_figures(got)
-                print(side, kind, size, json.dumps(results[side].get(kind) or got), flush=True)
+        servers = {"llama-server": (theirs.url, {}), "phalanx": (ours.url, ours.headers)}
+        results = run_workloads(servers, sides, workload_list(args), seed)
         node = node_metrics(ours.url, ours.headers)
     finally:
         ours.stop()
         theirs.stop()
     report(results, node, args, seed)
+
+
+def ratio_of(ours: float | None, theirs: float | None, digits: int = 3) -> float | None:
+    """``ours / theirs``, or None where either is missing or the peer's is 0."""
+    if ours is None or not theirs:
+        return None
+    return round(ours / theirs, digits)
+
+
+def print_side_by_side(label: str, theirs, ours) -> None:
+    ratio = ratio_of(ours, theirs, 2) if not isinstance(ours, bool) else None
+    shown = "" if ratio is None else f"{ratio:8.2f}"
+    print(f"{label:40s} {theirs!s:>14} {ours!s:>14} {shown}")
+
+
+PER_TOKEN = ("ttft_ms_per_prefilled_token", "ms_per_generated_token")
 
 
 def report(results: dict, node: dict, args, seed: int) -> None:
@@ -293,17 +379,18 @@ def report(results: dict, node: dict, args, seed: int) -> None:
         key = f"streams_{n}"
         if key in ours:
             a, b = theirs[key]["tokens_per_s"], ours[key]["tokens_per_s"]
-            tps_ratio[n] = round(b / a, 3)
-            print(f"{f'{n} plain streams, tok/s':40s} {a:14.1f} {b:14.1f} {b / a:8.2f}")
-    ratios = {}
+            tps_ratio[n] = ratio_of(b, a)
+            print_side_by_side(f"{n} plain streams, tok/s", a, b)
+    ratios, per_token = {}, {}
     for kind in ("agents8", "agents24"):
         if kind not in ours:
             continue
         for figure in ours[kind]:
-            a, b = theirs[kind][figure], ours[kind][figure]
-            ratio = f"{b / a:8.2f}" if a else ""
-            print(f"{f'{kind} {figure}':40s} {a:14} {b:14} {ratio}")
-        ratios[kind] = round(ours[kind]["mean_turn_s"] / theirs[kind]["mean_turn_s"], 3)
+            print_side_by_side(f"{kind} {figure}", theirs[kind][figure], ours[kind][figure])
+        ratios[kind] = ratio_of(ours[kind]["mean_turn_s"], theirs[kind]["mean_turn_s"])
+        per_token[kind] = {f: ratio_of(ours[kind][f], theirs[kind][f]) for f in PER_TOKEN}
+        if ours[kind]["prompt_tokens"] != theirs[kind]["prompt_tokens"]:
+            print(f"{kind}: the two chat templates render the same histories to other lengths")
     print("node counters after the run:", json.dumps(node))
     emit(
         {
@@ -315,6 +402,7 @@ def report(results: dict, node: dict, args, seed: int) -> None:
             "ctx_per_seq": args.ctx_per_seq,
             "ratio_8": ratios.get("agents8"),
             "ratio_24": ratios.get("agents24"),
+            "per_token_ratio": per_token,
             "tps_ratio": tps_ratio,
             "results": results,
             "node": node,
