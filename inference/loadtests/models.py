@@ -59,6 +59,12 @@ class LoadTestRun(models.Model):
         help_text="A token for another target; empty: the worker mints one for this array "
         "and revokes it at the end. Never shown.",
     )
+    minted_tokens = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Ids of the API tokens this run's workers minted (inference.loadtests."
+        "credentials); revoked when the run ends, is queued again or is given up on.",
+    )
     profile = models.BooleanField(default=False, help_text="Take flame graphs during the run.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     progress = models.FloatField(default=0.0)
