@@ -5,119 +5,16 @@ model are in bench/upgrade.py and tests/nodes/agent/test_switch.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 from django.utils import timezone
 
 from console.errors import Conflict, Invalid
 from inference.models import ModelPackage, Upgrade
-from inference.packages.evaluation.smoke import SmokeResult
 from inference.upgrades import driver, services
-from nodes.client import ProbeResult
 from nodes.models import Node, NodeEvent
+from tests.inference.upgrades.fakes import run_to_end, scrape
 
 pytestmark = pytest.mark.django_db
-
-
-@dataclass
-class FakeNodes:
-    """What each node serves (sha256) and its last switch; loads end at the next look."""
-
-    serving: dict[str, str] = field(default_factory=dict)
-    switches: dict[str, dict] = field(default_factory=dict)
-    cannot_load: set[str] = field(default_factory=set)  # sha256s that fail to load
-    broken: set[str] = field(default_factory=set)  # sha256s whose smoke test fails
-    asked: list[tuple[str, str]] = field(default_factory=list)
-
-    def package_switch(self, address, *, node_id, model_path, package, sha256, settings=None):
-        self.asked.append((node_id, sha256))
-        self.switches[node_id] = {"sha256": sha256, "state": "loading", "error": ""}
-        return {}
-
-    def package_state(self, address, *, node_id, timeout=5.0):
-        switch = self.switches.get(node_id)
-        if switch and switch["state"] == "loading":
-            if switch["sha256"] in self.cannot_load:
-                switch.update(state="failed", error="llama.cpp: bad magic")
-            else:
-                switch["state"] = "done"
-                self.serving[node_id] = switch["sha256"]
-        return {"sha256": self.serving[node_id], "switch": switch}
-
-    def probe(self, address, *, node_id, timeout):
-        return ProbeResult(True, "ok")
-
-
-@pytest.fixture
-def packages(db):
-    old = ModelPackage.objects.create(
-        name="smol-q4_1", version="1", gguf_path="/x/old", sha256="a" * 64, status="approved"
-    )
-    new = ModelPackage.objects.create(
-        name="smol-q4_k_m", version="1", gguf_path="/x/new", sha256="b" * 64, status="approved"
-    )
-    return old, new
-
-
-@pytest.fixture
-def fleet(packages, monkeypatch):
-    old, _ = packages
-    fake = FakeNodes()
-    for i in (1, 2, 3):
-        Node.objects.create(
-            validation="passed",
-            node_id=f"n{i}",
-            address=f"127.0.0.1:{9400 + i}",
-            package=old,
-            state="up",
-        )
-        fake.serving[f"n{i}"] = old.sha256
-    for name in ("package_switch", "package_state", "probe"):
-        monkeypatch.setattr(driver.node_client, name, getattr(fake, name))
-
-    class Http:
-        def __init__(self, node_id):
-            self.node_id = node_id
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    monkeypatch.setattr(
-        driver.node_client, "node_http", lambda address, node_id, timeout: Http(node_id)
-    )
-
-    def smoke(http):
-        if fake.serving[http.node_id] in fake.broken:
-            return SmokeResult(False, "tool_call: HTTP 400 template_error: boom", [])
-        return SmokeResult(True, "", [{"name": "tool_call", "ok": True, "detail": ""}])
-
-    monkeypatch.setattr(driver, "smoke_test", smoke)
-    return fake
-
-
-def scrape():
-    """As the health loop would: every node answered, idle, just now."""
-    for node in Node.objects.all():
-        if node.state == "unknown":
-            node.state = "up"
-        node.last_probe_at = timezone.now()
-        node.last_seen_load = {"active": 0, "queue": 0, "requests": 0}
-        node.save()
-
-
-def run_to_end(upgrade: Upgrade, limit: int = 200) -> Upgrade:
-    for _ in range(limit):
-        scrape()
-        driver.upgrades_tick()
-        upgrade = Upgrade.objects.get(pk=upgrade.pk)
-        if upgrade.finished:
-            scrape()  # the undrained nodes are seen up
-            return upgrade
-    raise AssertionError(f"not finished: {Upgrade.objects.get(pk=upgrade.pk).nodes}")
 
 
 def test_an_upgrade_rolls_batch_by_batch_to_the_new_version(fleet, packages):
