@@ -162,8 +162,8 @@ NEEDS_ADMIN = role_auth(Role.ADMIN)
 def token_or_login(view: Callable) -> Callable:
     """For ``/api/docs`` and ``/api/openapi.json``: a request with ``Authorization: Bearer``
     is let in when the token has a role (else 401 JSON); without one, login is required as on
-    every page (a redirect to the login form)."""
-    page = login_required(view)
+    every page (a redirect to the login form), and a user in no role group gets 403."""
+    page = role_required(Role.VIEWER)(view)
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:

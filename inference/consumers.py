@@ -27,17 +27,25 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from inference import lookups, proxy, selectors, services
 from inference.chat_request import decode_json
-from inference.errors import AuthError, BadRequest, NoHealthyNode, ProxyError
+from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, ProxyError
 from inference.relay import Upstream, sse_events
 from inference.validation import WsTurn, check_chat_body, check_session_id, parse_ws_message
 
 CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_CODES = {AuthError: CLOSE_UNAUTHORIZED, NoRole: CLOSE_FORBIDDEN}
 
 
 @sync_to_async
 def _authenticate(scope: dict[str, Any]) -> str:
+    """The caller's name: a logged-in user with a role (``NoRole`` without one, as on every
+    page), else the API token of ``?token=`` or ``Authorization`` (``AuthError``)."""
     user = scope.get("user")
     if user is not None and getattr(user, "is_authenticated", False):
+        from console.access import role_of_user
+
+        if role_of_user(user) is None:
+            raise NoRole("Your account has no role; an admin must give it one.")
         return f"user:{user.get_username()}"
     query = scope.get("query_string", b"").decode("latin1")
     from urllib.parse import parse_qs
@@ -108,9 +116,9 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             await _authenticate(self.scope)
-        except AuthError as exc:
+        except (AuthError, NoRole) as exc:
             await self.send_error(exc)
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self.close(code=CLOSE_CODES[type(exc)])
             return
         self.authenticated = True
 
@@ -125,10 +133,10 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 raise BadRequest(
                     "A turn is already running; wait for its done event.", code="turn_in_progress"
                 )
-            await _authenticate(self.scope)  # a token revoked since connect stops here
-        except AuthError as exc:
+            await _authenticate(self.scope)  # a token revoked (a role taken) since connect
+        except (AuthError, NoRole) as exc:
             await self.send_error(exc)
-            await self.close(code=CLOSE_UNAUTHORIZED)
+            await self.close(code=CLOSE_CODES[type(exc)])
             return
         except ProxyError as exc:
             await self.send_error(exc)

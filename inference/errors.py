@@ -57,6 +57,14 @@ class AuthError(ProxyError):
     code = "invalid_api_key"
 
 
+class NoRole(ProxyError):
+    """A logged-in user in no role group (403): signed in, but allowed nothing."""
+
+    status = 403
+    type = "permission_error"
+    code = "no_role"
+
+
 class UnknownModel(ProxyError):
     """No package of that name (404)."""
 

@@ -67,6 +67,12 @@ def test_it_serves_the_openapi_schema_and_docs_to_a_token(api, tokens):
     assert Client().get("/api/openapi.json").status_code == 302  # a browser: to the login form
 
 
+@pytest.mark.parametrize("path", ["/api/docs", "/api/openapi.json"])
+def test_it_serves_the_docs_to_a_logged_in_role_and_refuses_a_user_in_none(login, path):
+    assert login("viewer").get(path).status_code == 200
+    assert login("nobody").get(path).status_code == 403
+
+
 def test_it_refuses_a_revoked_token(api, tokens):
     ApiToken.objects.filter(name="t-admin").update(revoked=True)
     assert api("admin", "get", "/nodes").status_code == 401
