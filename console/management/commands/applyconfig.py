@@ -6,14 +6,15 @@ from __future__ import annotations
 import getpass
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.audit import set_actor
+from console.commands import ArrayCommand
 from console.config_file import ConfigError, apply_config_text
 from console.errors import ConsoleError
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Apply a YAML config file to the inventory (idempotent)."
 
     def add_arguments(self, parser) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
-
+from console.commands import ArrayCommand
 from console.config_file import export_config
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Export the inventory and settings as a YAML config file."
 
     def add_arguments(self, parser) -> None:

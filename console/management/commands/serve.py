@@ -9,10 +9,11 @@ the TCP connection (which a client sees as 1006, no reason).
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+
+from console.commands import ArrayCommand
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Serve the control plane (pages, /api/, /v1/, websockets) with daphne."
 
     def add_arguments(self, parser) -> None:

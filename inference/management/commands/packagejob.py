@@ -6,14 +6,15 @@ from __future__ import annotations
 import signal
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.audit import acting_as
+from console.commands import ArrayCommand
 from inference.models import PackageJob
 from inference.packages.jobs import job_execute
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Run one package job (import, build, evaluate) to its end."
 
     def add_arguments(self, parser) -> None:

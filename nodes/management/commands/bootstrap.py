@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from console.commands import ArrayCommand
 from inference.services import ENV_TOKEN
 from nodes.embedded import ADMIN_USER, NODE_BASE_PORT, BootstrapResult, array_bootstrap
 
@@ -31,7 +32,7 @@ def describe(result: BootstrapResult) -> list[str]:
     return lines
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = (
         "Fetch and register the bundled model, register N local nodes, the admin user and a token."
     )

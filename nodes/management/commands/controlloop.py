@@ -10,8 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from django.core.management.base import BaseCommand
-
+from console.commands import ArrayCommand
 from console.utilization import record_sample
 from inference.loadtests.jobs import loadtests_tick
 from inference.packages.jobs import jobs_shutdown, jobs_tick
@@ -26,7 +25,7 @@ def after_tick() -> None:
     loadtests_tick()
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Probe every node at the routing policy's interval; mark nodes down and up."
 
     def add_arguments(self, parser) -> None:

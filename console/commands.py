@@ -1,0 +1,45 @@
+"""The base of Phalanx's management commands that read or write the array's database.
+
+A command run against a database that was never migrated (``manage.py loadtest`` before the
+first ``make run``) would stop deep inside a query with ``no such table``; ``ArrayCommand``
+checks first and says what to run instead. Commands that need no database (``runnode``) or that
+migrate it themselves (``up``) stay plain ``BaseCommand``s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+
+FIRST_RUN = (
+    "run `make run` once (it migrates, registers the bundled model and starts the array), "
+    "or `.venv/bin/python manage.py migrate` for the database alone"
+)
+
+
+def database_unmigrated(alias: str = DEFAULT_DB_ALIAS) -> str | None:
+    """None when every migration is applied to database ``alias``; else a sentence naming the
+    database and how many migrations it lacks."""
+    connection = connections[alias]
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if not plan:
+        return None
+    name = connection.settings_dict.get("NAME")
+    never = not executor.loader.applied_migrations
+    state = "was never migrated" if never else f"lacks {len(plan)} migration(s)"
+    return f"The database {name} {state}: {FIRST_RUN} first."
+
+
+class ArrayCommand(BaseCommand):
+    """``BaseCommand`` that refuses to start, with a ``CommandError`` saying what to run, when
+    the database is not migrated."""
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        problem = database_unmigrated()
+        if problem is not None:
+            raise CommandError(problem)
+        return super().execute(*args, **options)
