@@ -40,6 +40,17 @@ def canary_due(node: Node, policy: RoutingPolicy) -> bool:
 
 
 log = logging.getLogger(__name__)
+FIRST_LOAD = "loading its model (not up yet): not counted as a failed probe"
+
+
+def _note_first_load(node_id: str) -> None:
+    """A node that has not been up since it was registered or (re)started (``unknown``) and
+    answers 503 "loading" is starting, not failing: its probe is recorded without counting
+    towards ``failure_threshold``, so a normal boot never says "went down". A node that was
+    ``up`` and then loads again (an agent restarted under it) counts as before."""
+    Node.objects.filter(node_id=node_id, state=Node.State.UNKNOWN).update(
+        last_probe_at=timezone.now(), last_probe_error=FIRST_LOAD, last_seen_load=None
+    )
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,9 @@ class ControlLoop:
         events: list[NodeEvent] = []
         for node, (result, canary_ran) in zip(nodes, results, strict=True):
             statuses[node.node_id] = result.status
+            if result.status == "loading" and node.state == Node.State.UNKNOWN:
+                _note_first_load(node.node_id)
+                continue
             try:
                 event = services.node_record_probe(
                     node_id=node.node_id,

@@ -221,3 +221,40 @@ def test_it_runs_once_from_the_command(fake, package, capsys):
     )
     call_command("controlloop", "--once")
     assert "node-01: ok" in capsys.readouterr().out
+
+
+def test_a_node_loading_its_model_for_the_first_time_is_not_down(fake, package):
+    """``up`` starts a node: it answers 503 "loading" for a while. Not up yet is not down: no
+    "went down" event, and it is up at its first good probe."""
+    Node.objects.create(
+        validation="passed", node_id="node-01", address=fake.address, package=package
+    )
+    fake.health_status = 503
+    loop = ControlLoop()
+    for _ in range(4):  # past the failure threshold (3)
+        assert loop.tick().events == []
+    node = Node.objects.get()
+    assert (node.state, node.consecutive_failures) == (Node.State.UNKNOWN, 0)
+    assert node.last_probe_error.startswith("loading its model (not up yet)")
+    fake.health_status = 200
+    loop.tick()
+    assert Node.objects.get().state == Node.State.UP
+    assert not NodeEvent.objects.filter(kind=NodeEvent.Kind.WENT_DOWN).exists()
+
+
+def test_a_node_that_was_up_and_loads_again_goes_down(fake, package):
+    Node.objects.create(
+        validation="passed",
+        node_id="node-01",
+        address=fake.address,
+        package=package,
+        state=Node.State.UP,
+    )
+    fake.health_status = 503
+    loop = ControlLoop()
+    for _ in range(3):
+        loop.tick()
+    node = Node.objects.get()
+    assert node.state == Node.State.DOWN
+    event = NodeEvent.objects.get(kind=NodeEvent.Kind.WENT_DOWN)
+    assert event.message == "3 failed probes, last: health 503 (loading)"
