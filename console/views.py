@@ -96,8 +96,24 @@ def _flash_error(request: HttpRequest, exc: ConsoleError) -> None:
 
 @require_GET
 def health(request: HttpRequest) -> JsonResponse:
-    """``GET /health``: 200 ``{"status": "ok"}`` while the control plane answers (no auth)."""
-    return JsonResponse({"status": "ok"})
+    """``GET /health``: 200 ``{"status": "ok"}`` while the control plane answers (no auth).
+    ``?challenge=<32-64 hex digits>`` adds ``identity`` (``{"pid", "proof"}``): the proof that
+    this is the array's control plane, bound to the address the request arrived on, that a
+    load-test worker checks before it sends a token it minted
+    (``inference.loadtests.identity``)."""
+    body: dict[str, Any] = {"status": "ok"}
+    if "challenge" in request.GET:
+        from inference.loadtests.identity import answer
+
+        port = request.META.get("SERVER_PORT", "0")
+        identity = answer(
+            request.GET["challenge"],
+            host=request.META.get("SERVER_NAME", ""),
+            port=int(port) if str(port).isdigit() else 0,
+        )
+        if identity is not None:
+            body["identity"] = identity
+    return JsonResponse(body)
 
 
 @require_GET

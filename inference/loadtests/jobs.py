@@ -35,8 +35,10 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from inference.loadtests.credentials import run_token_mint, run_tokens_revoke
+from inference.loadtests.identity import NotThisControlPlane, Proven, aprove
 from inference.loadtests.models import CostModel, LoadTestRun, LoadTestSample
-from inference.loadtests.profiling import Profiler
+from inference.loadtests.profiling import Profiler, attest_control_plane, attest_node
 from inference.loadtests.report import build_report
 from inference.loadtests.runner import LoadRun, Target
 from inference.loadtests.scenario import Scenario, parse_scenario
@@ -108,7 +110,7 @@ class Worker:
         # stop polls never wait behind a write (a step's records, a busy database)
         self.polls = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"loadtest-{run.pk}-stop")
         self.scenario: Scenario = parse_scenario(run.scenario)
-        self.minted_token_id: int | None = None
+        self.proven: Proven | None = None  # the target proved it is this control plane
         self.profiler: Profiler | None = None
 
     async def _poll_stop(self) -> bool:
@@ -122,7 +124,7 @@ class Worker:
     async def main(self) -> None:
         state, error = State.FAILED, ""
         try:
-            target = await self._db(self._target)
+            target = await self._target()
             target.model = target.model or await _first_model(target)
             await self._wait_for_validations()
             await self._db(self.run.refresh_from_db)
@@ -154,15 +156,23 @@ class Worker:
 
     # --- set-up (database thread) --------------------------------------------------------------
 
-    def _target(self) -> Target:
-        token = self.run.target_token
+    async def _target(self) -> Target:
+        """The target with its token: the run's own, or one minted here, which only this
+        control plane, proven (``identity.prove``), may receive; any other target without a
+        token ends the run saying so, before any credential exists."""
+        url, token = self.run.target_url, self.run.target_token
+        if not token or self.run.profile:
+            try:
+                self.proven = await aprove(url)
+            except (NotThisControlPlane, OSError) as exc:
+                if not token:
+                    raise NotThisControlPlane(
+                        f"token: {exc}; the run mints a token only for this array's own "
+                        "control plane, so give this target a token of its own"
+                    ) from exc
         if not token:
-            from console.models import Role
-            from console.services import token_issue
-
-            minted, token = token_issue(name=f"load test {self.run.pk}", role=Role.VIEWER)
-            self.minted_token_id = minted.pk
-        return Target(url=self.run.target_url, token=token, model=self.scenario.model)
+            token = await self._db(run_token_mint, self.run.pk, rows=self.claim.rows())
+        return Target(url=url, token=token, model=self.scenario.model)
 
     def _load_run(self, target: Target) -> LoadRun:
         return LoadRun(
@@ -186,21 +196,23 @@ class Worker:
         return list(Node.objects.filter(validation="validating").values_list("node_id", flat=True))
 
     def _start_profiles(self, target: Target) -> None:
+        """Flame graphs of the control plane and the first loopback node, each only when it
+        is a process of this array, proved (``profiling.attest_*``), never what a port has."""
         if not self.run.profile:
             return
-        from console.utilization import listening_pid
         from nodes.models import Node
 
         parts = urlsplit(target.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         node = Node.objects.filter(address__startswith="127.").order_by("node_id").first()
-        pids = {
-            "control_plane": listening_pid(
-                f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        targets = {
+            "control_plane": attest_control_plane(
+                self.proven.pid if self.proven else None, f"{parts.hostname}:{port}"
             ),
-            "node": listening_pid(node.address) if node else None,
+            "node": attest_node(node.node_id, node.address) if node else "no local node",
         }
         self.profiler = Profiler(Path(settings.VAR_DIR) / "loadtests" / f"run-{self.run.pk}")
-        self.profiler.start(pids)
+        self.profiler.start(targets)
 
     # --- hooks (database thread) ---------------------------------------------------------------
 
@@ -240,13 +252,15 @@ class Worker:
 
     def _finish(self, state: str, error: str) -> None:
         """Write the report (from every finished step) and the outcome, once, while this
-        attempt still holds the run; revoke the token it minted, whatever happens."""
+        attempt still holds the run; revoke every token minted for the run, whatever happens
+        (only when this attempt ended it: a later attempt's token is that attempt's)."""
+        ended = 0
         try:
             self.claim.rows().update(heartbeat_at=timezone.now(), message="writing the report")
             profiles = self.profiler.stop() if self.profiler else {}
             self.claim.rows().update(heartbeat_at=timezone.now())
             run = LoadTestRun.objects.get(pk=self.run.pk)
-            self.claim.rows().update(
+            ended = self.claim.rows().update(
                 state=state,
                 report=report_of(run, state, profiles=profiles),
                 error=error,
@@ -255,10 +269,8 @@ class Worker:
                 finished_at=timezone.now(),
             )
         finally:
-            if self.minted_token_id is not None:
-                from inference.models import ApiToken
-
-                ApiToken.objects.filter(pk=self.minted_token_id).update(revoked=True)
+            if ended:  # else whoever gave up on this attempt revoked them, or will
+                run_tokens_revoke(self.run.pk)
             connection.close()
 
 
@@ -370,9 +382,11 @@ def _worker_gone(run: LoadTestRun) -> None:
             finished_at=timezone.now(),
         )
         if ended:
+            run_tokens_revoke(run.pk)
             report_write(run.pk)
         return
-    rows.update(state=State.QUEUED, pid=None, message="its worker stopped; it resumes")
+    if rows.update(state=State.QUEUED, pid=None, message="its worker stopped; it resumes"):
+        run_tokens_revoke(run.pk)  # the dead attempt's token dies with it; the next mints anew
 
 
 def _kill(run_id: int) -> None:

@@ -31,16 +31,16 @@ import openai
 from jsonschema import Draft202012Validator
 
 from inference.loadtests import analysis
-from inference.loadtests.scenario import (
+from inference.loadtests.plan import (
     SYSTEM_PROMPT,
     TOOLS,
-    Scenario,
     SessionPlan,
     plan_session,
     plan_sessions,
     tool_result_text,
     tool_schemas,
 )
+from inference.loadtests.scenario import Scenario
 
 STOP_POLL_S = 0.25
 TICK_S = 1.0

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from console.audit import audit_record, current_actor
 from console.errors import Conflict, Invalid, NotFound
-from inference.loadtests import analysis
+from inference.loadtests import analysis, identity
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun
 from inference.loadtests.scenario import (
     BUILTIN,
@@ -132,13 +132,24 @@ def _checked_target(url: str | None, token: str) -> str:
             field="target_url",
             code="target_not_registered",
         )
-    if not own and not token:
-        raise Invalid(
-            "token: a target off this machine needs a token of its own (the run mints one "
-            "only for this array).",
-            field="token",
-        )
+    if not token:
+        _proven_own(url)
     return url
+
+
+def _proven_own(url: str) -> None:
+    """A run with no token of its own gets one the worker mints, and that token goes only to
+    this control plane, proven (``identity.prove``): ``Invalid`` naming ``token`` for any
+    other target, loopback or not."""
+    try:
+        identity.prove(url)
+    except (identity.NotThisControlPlane, OSError) as exc:
+        raise Invalid(
+            f"token: {url} did not prove it is this control plane ({exc}); the run mints a "
+            "token only for this array's own control plane. Give the target a token of its own.",
+            field="token",
+            code="token_needed",
+        ) from exc
 
 
 def _port(parts) -> int:
@@ -169,7 +180,6 @@ def _registered_node(host: str, port: int) -> bool:
     return Node.objects.filter(address=f"{host}:{port}").exists()
 
 
-@transaction.atomic
 def loadtest_start(
     *,
     scenario: str | None = None,
@@ -180,10 +190,11 @@ def loadtest_start(
     claim_pid: int | None = None,
 ) -> LoadTestRun:
     """Queue a run of the stored scenario ``scenario`` (or of an unsaved ``spec``) against
-    ``target_url`` (default: this array's own ``/v1`` on loopback); ``token``: a Bearer
-    token for another target (empty: the worker mints one for this array). The control loop
-    starts it in a worker; runs go one at a time, in order. ``claim_pid``: the run is created
-    already running in that process (``manage.py loadtest``), which ``Conflict`` refuses while
+    ``target_url`` (default: this array's own URL); ``token``: a Bearer token for the target
+    (empty: the worker mints one, which only this control plane, proven, may receive: any
+    other target without a token is ``Invalid`` naming ``token``). The control loop starts it
+    in a worker; runs go one at a time, in order. ``claim_pid``: the run is created already
+    running in that process (``manage.py loadtest``), which ``Conflict`` refuses while
     another run is running. Raises ``NotFound``, ``Invalid``, ``Conflict``."""
     if spec is not None:
         checked = scenario_parse(spec=spec)
@@ -193,7 +204,16 @@ def loadtest_start(
         raise Invalid("scenario: name a stored scenario or give a spec.", field="scenario")
     if len(token) > 300:
         raise Invalid("token: at most 300 characters.", field="token")
-    target = _checked_target(target_url, token.strip())
+    target = _checked_target(target_url, token.strip())  # may ask the target: no transaction
+    return _run_create(
+        checked, target=target, token=token.strip(), profile=profile, claim_pid=claim_pid
+    )
+
+
+@transaction.atomic
+def _run_create(
+    checked: Scenario, *, target: str, token: str, profile: bool, claim_pid: int | None
+) -> LoadTestRun:
     claimed: dict[str, Any] = {}
     if claim_pid is not None:
         busy = LoadTestRun.objects.select_for_update().filter(state=State.RUNNING).first()
@@ -216,7 +236,7 @@ def loadtest_start(
         scenario_name=checked.name,
         scenario=checked.as_spec(),
         target_url=target,
-        target_token=token.strip(),
+        target_token=token,
         profile=profile,
         message="queued: the control loop starts it",
         created_by=current_actor()[:150],
@@ -250,8 +270,10 @@ def loadtest_stop(*, run_id: int) -> LoadTestRun:
         finished_at=timezone.now(),
     )
     if ended:
+        from inference.loadtests.credentials import run_tokens_revoke
         from inference.loadtests.jobs import report_write
 
+        run_tokens_revoke(run_id)  # a run queued to resume may hold its dead attempt's token
         report_write(run_id)  # a run queued to resume keeps what its finished steps measured
     else:
         LoadTestRun.objects.filter(pk=run_id, state=State.RUNNING).update(

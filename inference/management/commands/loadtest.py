@@ -22,6 +22,7 @@ from console.errors import ConsoleError
 from inference.loadtests import services
 from inference.loadtests.jobs import loadtest_execute
 from inference.loadtests.report import headline
+from inference.loadtests.scenario import MAX_YAML_CHARS
 from inference.management.commands.loadtestjob import quiet_clients, stop_on_signal
 
 
@@ -73,8 +74,9 @@ class Command(BaseCommand):
         if not path:
             return None
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
+            with Path(path).open(encoding="utf-8") as handle:
+                text = handle.read(MAX_YAML_CHARS + 1)  # more is refused: never read it whole
+        except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"--file: {exc}") from exc
         try:
             return services.scenario_parse(yaml_text=text).as_spec()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from inference.loadtests.plan import plan_sessions
 from inference.loadtests.scenario import (
     BUILTIN,
     BadScenario,
     Range,
     parse_scenario,
-    plan_sessions,
     scenario_from_yaml,
     scenario_to_yaml,
 )
