@@ -7,6 +7,7 @@ import json
 import pytest
 
 from inference.packages.evaluation.runner import evaluate_package
+from inference.packages.gguf_files import write_with_chat_template
 
 pytestmark = pytest.mark.model
 
@@ -31,14 +32,6 @@ MODE_KEYS = {
     "abstention_accuracy",
     "calls",
 }
-
-
-def write_with_chat_template(src, dst, template: str) -> None:
-    try:
-        from inference.packages.gguf_files import write_with_chat_template as write
-    except ImportError:  # pragma: no cover - the helper lives in gguf_files
-        pytest.skip("inference.packages.gguf_files.write_with_chat_template is missing")
-    write(src, dst, template)
 
 
 def test_it_evaluates_the_bundled_model(tmp_path, bundled):
