@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
+from playwright import sync_api as playwright_sync
 
 from tests.support.processes import (
     REPO,
@@ -43,15 +44,19 @@ from tests.console.conftest import BROWSER_PASSWORD as PASSWORD  # noqa: E402
 NODE_ID = "node-b1"
 PACKAGE = "smollm2-135m-instruct-q4_1"
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.model,
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
-    ),
-]
+
+def chromium_required(path: str) -> None:
+    """Fail (at collection) when Debian's chromium is missing: ``make test`` installs it, and a
+    browser test skipped for want of a browser would pass without checking anything."""
+    if not shutil.which(path) and not Path(path).exists():
+        pytest.fail(
+            f"no Chromium at {path}: run `make browser` (apt-get install -y chromium)",
+            pytrace=False,
+        )
+
+
+chromium_required(CHROMIUM)
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 SETUP = f"""
 from django.contrib.auth import get_user_model

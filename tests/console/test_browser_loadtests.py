@@ -7,12 +7,12 @@ curve, steps and findings; the Stop button keeping what was measured; a viewer w
 from __future__ import annotations
 
 import pytest
+from playwright import sync_api as playwright_sync
 
 from tests.console.conftest import BROWSER_USERS_SETUP, browser_marks
 from tests.console.test_browser import DRAWN_POINTS, shot
 from tests.support.serving_array import serving_array
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
 pytestmark = [*browser_marks(), pytest.mark.model]
 
 SCENARIOS = """

@@ -9,25 +9,18 @@ no process behind a "running" row and queue it again)."""
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
+from playwright import sync_api as playwright_sync  # noqa: E402
 
-from tests.console.test_browser import CHROMIUM, shot
+from tests.console.conftest import browser_marks  # noqa: E402
+from tests.console.test_browser import shot
 from tests.support.processes import Proc, control_plane_at_home, manage_shell
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
-    ),
-]
+pytestmark = browser_marks()
 
 from tests.console.conftest import BROWSER_USERS_SETUP  # noqa: E402
 

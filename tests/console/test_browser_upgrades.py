@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from playwright import sync_api as playwright_sync
 
 from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, browser_marks, shell_array
 from tests.console.test_browser import shot
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
 pytestmark = browser_marks()
 
 SETUP = (
