@@ -167,8 +167,9 @@ class Worker:
             except (NotThisControlPlane, OSError) as exc:
                 if not token:
                     raise NotThisControlPlane(
-                        f"token: {exc}; the run mints a token only for this array's own "
-                        "control plane, so give this target a token of its own"
+                        f"token: {url} did not prove it is this control plane ({exc}); the run "
+                        "mints a token only for this array's own, so give this target a token "
+                        "of its own"
                     ) from exc
         if not token:
             token = await self._db(run_token_mint, self.run.pk, rows=self.claim.rows())

@@ -17,6 +17,24 @@ pytestmark = pytest.mark.django_db
 TINY = {"name": "tiny", "kind": "agent_sessions", "steps": [1, 2], "turns": 2}
 
 
+@pytest.fixture(autouse=True)
+def own_target_proves(monkeypatch):
+    """No control plane listens on this array's own URL in these tests: let that one prove
+    it is ours (``identity.prove``); every other target is asked for real."""
+    from django.conf import settings
+
+    from inference.loadtests import identity
+
+    real = identity.prove
+
+    def prove(url, **kwargs):
+        if url == settings.LOADTEST_TARGET_URL:
+            return identity.Proven(pid=1, address=("127.0.0.1", 8000))
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(identity, "prove", prove)
+
+
 @pytest.fixture
 def finished(db) -> LoadTestRun:
     """A run with a report: knee at 4 of 8 on one node."""
@@ -246,3 +264,50 @@ def test_it_names_a_misspelt_field_instead_of_ignoring_it(api):
     assert both.status_code == 422 and "one of them" in both.json()["detail"]
     neither = api("operator", "post", "/loadtests/scenarios", json={})
     assert neither.status_code == 422 and "one of them" in neither.json()["detail"]
+
+
+def test_a_loopback_stranger_with_no_token_is_refused_naming_token_and_gets_none(api, login):
+    from tests.inference.loadtests.throwaway import stranger_server
+
+    with stranger_server() as stranger:
+        answer = api(
+            "operator", "post", "/loadtests", json={"spec": TINY, "target_url": stranger.url}
+        )
+        page = login("operator").post(
+            "/loadtests/",
+            {"form": "start", "run-scenario": "ramp-quick", "run-target_url": stranger.url},
+        )
+    assert answer.status_code == 422
+    assert answer.json()["field"] == "token" and answer.json()["code"] == "token_needed"
+    assert "did not prove it is this control plane" in answer.json()["detail"]
+    assert page.status_code == 422 and "did not prove it is this control plane" in visible_text(
+        page
+    )
+    assert stranger.credentials() == [] and not LoadTestRun.objects.exists()
+    from inference.models import ApiToken
+
+    assert not ApiToken.objects.filter(name__startswith="load test").exists()
+    with_token = api(
+        "operator",
+        "post",
+        "/loadtests",
+        json={"spec": TINY, "target_url": stranger.url, "token": "its-own"},
+    )
+    assert with_token.status_code == 201  # its own token goes where the operator sends it
+
+
+DEEP = "name: deep\nsteps: [1]\nturns: " + "[" * 3000 + "]" * 3000 + "\n"
+
+
+def test_a_scenario_nested_3000_deep_is_a_422_naming_yaml_everywhere_it_enters(api, login):
+    saved = api("operator", "post", "/loadtests/scenarios", json={"yaml": DEEP})
+    assert saved.status_code == 422, saved.content[:300]
+    assert saved.json()["field"] == "yaml"
+    assert "nested more than 8 levels deep (at line 3)" in saved.json()["detail"]
+    page = login("operator").post("/loadtests/", {"form": "scenario", "scenario-yaml": DEEP})
+    assert page.status_code == 422 and "nested more than 8 levels deep" in visible_text(page)
+    deep_json = '{"spec": {"name": "deep", "steps": [1], "turns": ' + "[" * 3000 + "]" * 3000 + "}}"
+    answer = api("operator", "post", "/loadtests", data=deep_json, content_type="application/json")
+    assert 400 <= answer.status_code < 500, answer.content[:300]
+    long = api("operator", "post", "/loadtests/scenarios", json={"yaml": "# x\n" * 20_000})
+    assert long.status_code == 422 and "at most 64,000 characters" in long.json()["detail"]

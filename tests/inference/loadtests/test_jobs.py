@@ -139,3 +139,134 @@ async def test_the_live_socket_refuses_without_a_token():
     await socket.connect()
     assert (await socket.receive_json_from(timeout=5))["code"] == 4401
     await socket.disconnect()
+
+
+# --- the credentials a run mints: only for this control plane, and they die with the job --------
+
+
+def minted(run: LoadTestRun) -> int:
+    """A token an attempt minted for ``run`` and recorded on its row (as ``run_token_mint``)."""
+    from console.models import Role
+    from console.services import token_issue
+
+    token, _ = token_issue(name=f"load test {run.pk}", role=Role.VIEWER)
+    LoadTestRun.objects.filter(pk=run.pk).update(minted_tokens=[*run.minted_tokens, token.pk])
+    return token.pk
+
+
+def valid(token_id: int) -> bool:
+    from inference.models import ApiToken
+
+    return not ApiToken.objects.get(pk=token_id).revoked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_attempt_queued_again_has_its_token_revoked(no_spawn):
+    run = running()
+    token = minted(run)
+    jobs.loadtests_tick()
+    assert LoadTestRun.objects.get(pk=run.pk).state == "queued" and not valid(token)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_given_up_on_has_every_attempts_token_revoked(no_spawn):
+    run = running(attempts=jobs.MAX_ATTEMPTS)
+    first, last = minted(run), minted(LoadTestRun.objects.get(pk=run.pk))
+    jobs.loadtests_tick()
+    assert LoadTestRun.objects.get(pk=run.pk).state == "failed"
+    assert not valid(first) and not valid(last)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_revokes_the_runs_tokens_whether_its_worker_is_gone_or_it_was_queued(no_spawn):
+    from inference.loadtests.services import loadtest_stop
+
+    gone = running(stop_requested=True)
+    gone_token = minted(gone)
+    jobs.loadtests_tick()
+    assert LoadTestRun.objects.get(pk=gone.pk).state == "stopped" and not valid(gone_token)
+    queued = LoadTestRun.objects.create(
+        scenario_name="t", scenario=SPEC, target_url="http://x:1", attempts=1
+    )
+    queued_token = minted(queued)  # its first attempt died after minting
+    assert loadtest_stop(run_id=queued.pk).state == "stopped" and not valid(queued_token)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_that_lost_its_run_mints_nothing():
+    from inference.loadtests.credentials import ClaimLost, run_token_mint
+    from inference.models import ApiToken
+
+    run = running(attempts=2)
+    with pytest.raises(ClaimLost):
+        run_token_mint(run.pk, rows=jobs.Claim(run.pk, 1).rows())  # attempt 1 was given up on
+    assert not ApiToken.objects.exists()
+    run_token_mint(run.pk, rows=jobs.Claim(run.pk, 2).rows())
+    assert LoadTestRun.objects.get(pk=run.pk).minted_tokens == [ApiToken.objects.get().pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_control_loop_signals_only_a_worker_it_started_never_a_pid_from_the_row(no_spawn):
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running(pid=bystander.pid)  # a dead worker's pid, now some other process's
+        jobs.loadtests_tick()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def queued_run(**fields) -> LoadTestRun:
+    spec = {**SPEC, "steps": [1], "turns": 1, "max_s": 30}
+    return LoadTestRun.objects.create(scenario_name="t", scenario=spec, **fields)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_with_no_token_against_a_loopback_stranger_ends_naming_token_and_sends_none():
+    from inference.models import ApiToken
+    from tests.inference.loadtests.throwaway import stranger_server
+
+    with stranger_server() as stranger:
+        run = queued_run(target_url=stranger.url)  # as if queued before it took the port
+        done = jobs.loadtest_execute(run.pk)
+    assert stranger.credentials() == []
+    assert done.state == "failed" and "token: " in done.error
+    assert "did not prove it is this control plane" in done.error
+    assert "give this target a token of its own" in done.error
+    assert not ApiToken.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_minted_revokes_its_token_when_it_ends(monkeypatch):
+    from inference.loadtests import identity
+    from inference.models import ApiToken
+    from tests.inference.loadtests.throwaway import stranger_server
+
+    with stranger_server() as array:  # stands in for this control plane, proven
+        monkeypatch.setattr(
+            jobs, "aprove", lambda url: _async(identity.Proven(pid=1, address=("127.0.0.1", 1)))
+        )
+        done = jobs.loadtest_execute(queued_run(target_url=array.url).pk)
+    token = ApiToken.objects.get()
+    assert done.minted_tokens == [token.pk] and token.revoked
+    assert array.credentials() and all(c.startswith("Bearer phx_") for c in array.credentials())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_flame_graphs_are_taken_only_of_processes_the_array_proved_are_its_own():
+    from tests.inference.loadtests.throwaway import stranger_server
+
+    with stranger_server() as stranger:  # listens in this very test process
+        run = queued_run(target_url=stranger.url, target_token="its-own", profile=True)
+        done = jobs.loadtest_execute(run.pk)
+    control_plane = done.report["profiles"]["control_plane"]
+    assert "pid" not in control_plane
+    assert control_plane["error"] == "the target did not prove it is this control plane"
+
+
+async def _async(value):
+    return value
