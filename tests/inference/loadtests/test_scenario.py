@@ -136,3 +136,18 @@ def test_session_lengths_are_drawn_uniformly():
     lengths = [len(p.turns) for p in plan_sessions(s, run_tag="r", step=0, count=400)]
     shares = [lengths.count(n) / 400 for n in (2, 3, 4)]
     assert all(0.25 < share < 0.42 for share in shares), shares
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("name: d\nsteps: [1]\nturns: " + "[" * 3000 + "]" * 3000, "nested more than 8 levels"),
+        ("name: d\nsteps: [1]\nx: " + "{a: " * 3000 + "1" + "}" * 3000, "nested more than 8 levels"),
+        ("# padding\n" * 7000, "at most 64,000 characters"),
+    ],
+    ids=["deep-list", "deep-map", "long"],
+)
+def test_it_refuses_unbounded_yaml_naming_the_field(text, words):
+    with pytest.raises(BadScenario) as caught:
+        scenario_from_yaml(text)
+    assert caught.value.field == "yaml" and words in str(caught.value)
