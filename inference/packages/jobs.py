@@ -296,8 +296,8 @@ def _run_import(job: PackageJob, report: Reporter, work: Path):
             "checked_against": fetched.checked_against or "none listed",
         }
     else:
-        path = Path(params["path"])
-        source = {"kind": "import", "from": f"file {path}"}
+        path = services.check_import_path(params["path"])  # again: it may lead elsewhere now
+        source = {"kind": "import", "from": f"file {params['path']}"}
     report(0.6, "storing and reading the GGUF")
     imported = services.package_import_file(
         path=path,
@@ -507,6 +507,7 @@ def _kill(job: PackageJob, grace: float = 5.0) -> None:
 def _clean_up(job: PackageJob, state: str, why: str) -> None:
     """End a job whose process is gone: its row (unless it wrote its own end), its scratch
     space, and stored files nothing refers to that are old enough to be abandoned."""
+    from inference.packages.retention import sha256_in_use
     from inference.packages.services import package_store
 
     ended = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
@@ -518,7 +519,7 @@ def _clean_up(job: PackageJob, state: str, why: str) -> None:
     )
     store = package_store()
     store.discard_work(f"job-{job.pk}")
-    store.collect_garbage(set(ModelPackage.objects.values_list("gguf_path", flat=True)))
+    store.collect_garbage(sha256_in_use)
     if ended:
         _after_failure(job, why)
 

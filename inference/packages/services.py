@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
@@ -26,11 +26,22 @@ from console.audit import audit_record
 from console.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage, PackageJob, PackagePolicy
 from inference.packages import gate as gates
+from inference.packages.import_paths import (
+    ImportPath,
+    check_import_path,
+    open_import,
+    readable_path,
+)
+from inference.packages.registry import check_chat_template
+from inference.packages.registry import register as _register
+from inference.packages.registry import stored_fields as _stored_fields
+from inference.packages.retention import file_unused, unless_registered
 from inference.packages.store import PackageStore, Stored
+
+__all__ = ["check_import_path", "unless_registered"]  # re-exported: callers import them here
 
 Status = ModelPackage.Status
 QUANT_SUFFIX = re.compile(r"[-_.](q\d(_[0-9a-z]+)*|f16|f32|bf16|iq\d\w*)$", re.IGNORECASE)
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}  # the node's defaults (engine/sampling)
 
 
 class BadFile(ConsoleError):
@@ -123,21 +134,19 @@ def package_import_file(
     A GGUF without a template becomes a completion-only package unless ``chat_template`` is
     given, which is then written into a copy of the file (``tokenizer.chat_template``): the
     package is still one exact file. A template given for a GGUF that has one replaces it.
+    A path ``check_import_path`` gave (``ImportPath``) is checked again on the file opened
+    (``import_paths.open_import``) and read only through that open file.
     Idempotent: the same file under the same name:version returns the existing package.
     Raises ``BadFile``, ``Invalid``, ``Conflict`` (name:version exists with another file).
     """
-    _check_magic(path)
-    version = version or next_version(name)
-    check_name(name, version)
     store = package_store()
-    template_source = ModelPackage.TemplateSource.GGUF
-    with _scratch(workdir) as scratch:
-        if chat_template is not None and chat_template.strip():
-            path = _with_template(path, chat_template, scratch)
-            template_source = ModelPackage.TemplateSource.OPERATOR
-        stored = _stored_already(store, path) if store.holds(path) else store.add_file(path)
+    with _open_source(path) as handle:
+        _check_magic(handle, path)
+        version = version or next_version(name)
+        check_name(name, version)
+        stored, template_source = _store_source(store, path, handle, chat_template, workdir)
     warnings: list[str] = []
-    with unless_registered(stored):
+    with unless_registered(stored, store):
         facts = _read_facts(stored.path)  # the stored bytes, not a source that may change
         if template_source == ModelPackage.TemplateSource.GGUF and not facts.chat_template:
             template_source = ModelPackage.TemplateSource.NONE
@@ -159,6 +168,38 @@ def package_import_file(
     return Imported(package, created, warnings)
 
 
+def _open_source(path: Path) -> BinaryIO:
+    """``path`` opened for reading: through ``open_import`` when it is an operator's path."""
+    if isinstance(path, ImportPath):
+        return open_import(path)
+    try:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    except OSError as exc:
+        raise BadFile(f"{Path(path).name} cannot be read: {exc.strerror or exc}.") from exc
+
+
+def _store_source(
+    store: PackageStore,
+    path: Path,
+    handle: BinaryIO,
+    chat_template: str | None,
+    workdir: Path | None,
+) -> tuple[Stored, str]:
+    """The source in the store (held), with ``chat_template`` written in when given."""
+    if chat_template is None or not chat_template.strip():
+        if store.holds(path) and not isinstance(path, ImportPath):
+            return _stored_already(store, path), ModelPackage.TemplateSource.GGUF
+        return store.add_file(handle), ModelPackage.TemplateSource.GGUF
+    with _scratch(workdir) as scratch:
+        readable = Path(path) if not isinstance(path, ImportPath) else readable_path(handle)
+        if readable is None:  # no /proc: read the open file into scratch first
+            readable = scratch / "source.gguf"
+            with open(readable, "wb") as out:
+                shutil.copyfileobj(handle, out, 1 << 20)
+        templated = _with_template(readable, chat_template, scratch)
+        return store.add_file(templated), ModelPackage.TemplateSource.OPERATOR
+
+
 GGUF_MAGIC = b"GGUF"
 
 
@@ -169,37 +210,19 @@ def _stored_already(store: PackageStore, path: Path) -> Stored:
         raise BadFile(str(exc)) from exc
 
 
-def _check_magic(path: Path) -> None:
-    """Raise ``BadFile`` unless ``path`` starts like a GGUF (before copying a byte of it).
-    The message does not quote the file's bytes: the path may name any file on the host."""
+def _check_magic(handle: BinaryIO, path: Path) -> None:
+    """Raise ``BadFile`` unless ``handle`` starts like a GGUF (before copying a byte of it);
+    it is left at its start. The message does not quote the file's bytes: the path may name
+    any file on the host."""
     try:
-        with open(path, "rb") as handle:
-            first = handle.read(4)
+        first = handle.read(4)
+        handle.seek(0)
     except OSError as exc:
-        raise BadFile(f"{path.name} cannot be read: {exc.strerror or exc}.") from exc
+        raise BadFile(f"{Path(path).name} cannot be read: {exc.strerror or exc}.") from exc
     if first != GGUF_MAGIC:
-        raise BadFile(f"{path.name} is not a GGUF file (a GGUF file starts with {GGUF_MAGIC!r}).")
-
-
-def _stored_fields(stored: Stored) -> dict[str, Any]:
-    return {
-        "stored_path": str(stored.path),
-        "sha256": stored.sha256,
-        "size_bytes": stored.size_bytes,
-    }
-
-
-@contextmanager
-def unless_registered(stored: Stored) -> Iterator[Stored]:
-    """``stored``, removed from the store again when the block fails, if this writer created
-    it and no version refers to it (a failed import, build or template change leaves no file
-    behind; a file that was there already, or that another version shares, stays)."""
-    try:
-        yield stored
-    except BaseException:
-        if stored.created and not ModelPackage.objects.filter(sha256=stored.sha256).exists():
-            stored.path.unlink(missing_ok=True)
-        raise
+        raise BadFile(
+            f"{Path(path).name} is not a GGUF file (a GGUF file starts with {GGUF_MAGIC!r})."
+        )
 
 
 @contextmanager
@@ -229,69 +252,6 @@ def _with_template(path: Path, template: str, scratch: Path) -> Path:
     return target
 
 
-@transaction.atomic
-def _register(
-    *,
-    name: str,
-    version: str,
-    family: str,
-    stored_path: str,
-    sha256: str,
-    size_bytes: int,
-    facts: Any,
-    template_source: str,
-    lineage: dict[str, Any],
-    parent: ModelPackage | None,
-    build_report: dict[str, Any] | None = None,
-) -> tuple[ModelPackage, bool]:
-    existing = ModelPackage.objects.filter(name=name, version=version).first()
-    if existing is not None:
-        if existing.sha256 != sha256:
-            raise Conflict(
-                f"{existing.key} exists with another file (sha256 {existing.sha256[:12]}…); "
-                "a change is a new version.",
-                code="package_conflict",
-                field="version",
-            )
-        return existing, False
-    try:
-        with transaction.atomic():  # a savepoint: the unique (name, version) may refuse it
-            package = ModelPackage.objects.create(
-                name=name,
-                version=version,
-                family=family,
-                gguf_path=stored_path,
-                sha256=sha256,
-                size_bytes=size_bytes,
-                quantization=facts.quantization,
-                architecture=facts.architecture,
-                parameters=facts.parameters,
-                context_window=facts.context_length or 2048,
-                chat_template=facts.chat_template,
-                chat_template_sha256=facts.chat_template_sha256,
-                template_source=template_source,
-                tensor_types=facts.tensor_types,
-                ctx_per_seq=min(2048, facts.context_length or 2048),
-                sequences=8,
-                sampling=dict(DEFAULT_SAMPLING),
-                lineage=lineage,
-                parent=parent,
-                build_report=build_report,
-            )
-    except IntegrityError as exc:  # the same name:version, registered a moment ago
-        raise Conflict(
-            f"{name}:{version} was registered meanwhile; a new file is a new version.",
-            code="package_conflict",
-            field="version",
-        ) from exc
-    audit_record(
-        action="package.create",
-        target=package.key,
-        changes=[f"{k}: {v}" for k, v in lineage.items()] + [f"sha256: {sha256}"],
-    )
-    return package, True
-
-
 def package_with_template(
     *, package_id: int, chat_template: str, version: str | None = None
 ) -> ModelPackage:
@@ -300,13 +260,14 @@ def package_with_template(
     ``Invalid`` (empty template), ``NotFound``."""
     if not chat_template.strip():
         raise Invalid("chat_template: give the template text (Jinja).", field="chat_template")
+    check_chat_template(chat_template)
     source = package_get(package_id)
     version = version or next_version(source.name)
     check_name(source.name, version)
     store = package_store()
-    with _scratch(None) as scratch:
+    with store.hold(source.sha256), _scratch(None) as scratch:  # the source stays meanwhile
         stored = store.add_file(_with_template(Path(source.gguf_path), chat_template, scratch))
-    with unless_registered(stored):
+    with unless_registered(stored, store):
         facts = _read_facts(stored.path)
         package = _register_with_template(source, stored, facts, version)
     return package
@@ -332,8 +293,9 @@ def package_register_built(
     *, source: ModelPackage, path: Path, name: str, version: str, report: dict[str, Any]
 ) -> ModelPackage:
     """Store a quantizer's output and register it as a draft built from ``source``."""
-    stored = package_store().add_file(path)
-    with unless_registered(stored):
+    store = package_store()
+    stored = store.add_file(path)
+    with unless_registered(stored, store):
         facts = _read_facts(stored.path)
         package, _ = _register(
             name=name,
@@ -455,10 +417,9 @@ def package_delete(*, package_id: int) -> None:
         raise Conflict(
             f"{package.key} is served by nodes; move them first.", code="package_in_use"
         ) from exc
-    if not ModelPackage.objects.filter(sha256=package.sha256).exists():
-        path = package_store().path_for(package.sha256)
-        if path.resolve() == Path(package.gguf_path).resolve():
-            path.unlink(missing_ok=True)
+    store = package_store()
+    if store.holds(package.gguf_path):  # a file of the store, and only when nobody holds it
+        file_unused(store, package.sha256)
     audit_record(action="package.remove", target=package.key)
 
 
@@ -657,28 +618,24 @@ def package_import_enqueue(
         raise Invalid("Give either path or requirement.", field="path")
     if path:
         check_import_path(path)
+    else:
+        _check_requirement(requirement)
     check_name(name, version or "1")
     _check_version_free(name, version)
     params = {"name": name, "version": version, "path": path, "requirement": requirement}
     if chat_template:
+        check_chat_template(chat_template)
         params["chat_template"] = chat_template
     return job_enqueue(kind=PackageJob.Kind.IMPORT, package=None, params=params)
 
 
-def check_import_path(path: str) -> Path:
-    """``path`` as a file this host may import from. Raises ``Invalid`` when there is no file
-    there, or when ``PHALANX_IMPORT_DIRS`` is set and the file is in none of them."""
-    resolved = Path(path).resolve()
-    allowed = [Path(d).resolve() for d in settings.PACKAGE_IMPORT_DIRS]
-    if allowed and not any(resolved.is_relative_to(d) for d in allowed):
-        raise Invalid(
-            f"path: imports are allowed from {', '.join(map(str, allowed))} only "
-            "(PHALANX_IMPORT_DIRS).",
-            field="path",
-        )
-    if not resolved.is_file():
-        raise Invalid(f"path: no file at {path}.", field="path")
-    return resolved
+def _check_requirement(requirement: str) -> None:
+    from inference.packages.sources import SourceError, check_requirement
+
+    try:
+        check_requirement(requirement)
+    except SourceError as exc:
+        raise Invalid(f"requirement: {exc}.", field="requirement") from exc
 
 
 def _check_version_free(name: str, version: str | None) -> None:

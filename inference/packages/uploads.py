@@ -238,7 +238,7 @@ def upload_finish(*, upload_id: str) -> Imported:
 
 def _import(upload: Upload, data: Path) -> Imported:
     store = services.package_store()
-    with services.unless_registered(store.adopt(data)) as stored:
+    with services.unless_registered(store.adopt(data), store) as stored:
         if upload.sha256 and upload.sha256 != stored.sha256:
             raise BadFile(
                 f"the upload's sha256 is {stored.sha256}, not the {upload.sha256} it was "

@@ -196,6 +196,7 @@ def test_deleting_a_version_removes_its_file_unless_another_shares_it(home):
     source = home / "m.gguf"
     source.write_bytes(b"GGUF" + bytes(64))
     stored = store.add_file(source)
+    stored.release()  # registered below
     first = package(gguf_path=str(stored.path), sha256=stored.sha256)
     second = package(version="2", gguf_path=str(stored.path), sha256=stored.sha256)
     services.package_delete(package_id=first.pk)
@@ -209,10 +210,12 @@ def test_garbage_collection_spares_files_another_writer_may_still_register(tmp_p
     young = store.add_file(_file(tmp_path / "a.gguf", b"GGUF-a"))
     old = store.add_file(_file(tmp_path / "b.gguf", b"GGUF-b"))
     kept = store.add_file(_file(tmp_path / "c.gguf", b"GGUF-c"))
+    for stored in (young, old, kept):
+        stored.release()
     hour_ago = time.time() - 3700
     os.utime(old.path, (hour_ago, hour_ago))
     os.utime(kept.path, (hour_ago, hour_ago))
-    removed = store.collect_garbage({str(kept.path)})
+    removed = store.collect_garbage(lambda sha256: sha256 == kept.sha256)
     assert removed == [old.path]
     assert young.path.exists() and kept.path.exists() and not old.path.exists()
 
