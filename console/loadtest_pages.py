@@ -19,7 +19,7 @@ from console.forms import CapacityForm, CostModelForm, LoadTestForm, ScenarioFor
 from console.models import Role
 from console.views import _form_error, _render
 from inference.api_loadtests import profile_path, run_out
-from inference.loadtests import services
+from inference.loadtests import analysis, services
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun
 
 
@@ -131,7 +131,7 @@ def loadtest(request: HttpRequest, run_id: int) -> HttpResponse:
             "steps_text": steps_text(run.scenario),
             "turns_text": turns_text(run.scenario),
             "data": run_out(run),
-            "report": run.report,
+            "report": shown_report(run.report),
             "overlay": overlay,
             "overlay_data": {"id": overlay.pk, "curve": overlay.report["curve"]}
             if overlay
@@ -144,6 +144,15 @@ def loadtest(request: HttpRequest, run_id: int) -> HttpResponse:
             "colours": LoadTestRun.STATE_COLOURS,
         },
     )
+
+
+def shown_report(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored report as the page draws it: its errors table cut to
+    ``analysis.MAX_ERROR_KINDS`` rows (a report written before that bound may hold one row
+    per request), the rest as it is (every other section is bounded by the steps and nodes)."""
+    if not report or not isinstance(report.get("errors"), list):
+        return report
+    return {**report, "errors": analysis.fold_error_rows(report["errors"])}
 
 
 def _overlay(raw: str | None, run: LoadTestRun) -> LoadTestRun | None:

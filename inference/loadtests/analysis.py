@@ -291,23 +291,44 @@ def node_rows(
     return rows
 
 
+MAX_ERROR_KINDS = 20  # rows of the errors table; a target can make every error a kind of its own
+
+
 def error_rows(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Failed requests by kind (``http_429 array_full``, ``timeout``, ``stream_error ...``):
-    count, share of all requests, first message, most frequent first."""
+    count, share of all requests, first message, most frequent first; at most
+    ``MAX_ERROR_KINDS`` rows (``fold_error_rows``)."""
     kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for t in turns:
         if not t["ok"]:
             kinds[t["error"] or "unknown"].append(t)
     total = len(turns) or 1
-    return [
-        {
-            "kind": kind,
-            "count": len(items),
-            "share": rounded(len(items) / total, 4),
-            "example": items[0].get("message", "")[:300],
-        }
-        for kind, items in sorted(kinds.items(), key=lambda kv: -len(kv[1]))
-    ]
+    return fold_error_rows(
+        [
+            {
+                "kind": kind,
+                "count": len(items),
+                "share": rounded(len(items) / total, 4),
+                "example": items[0].get("message", "")[:300],
+            }
+            for kind, items in sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+        ]
+    )
+
+
+def fold_error_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (most frequent first) cut to ``MAX_ERROR_KINDS``: the rest become one row
+    ``other (N kinds)`` with their summed count and share and the first one's example."""
+    if len(rows) <= MAX_ERROR_KINDS:
+        return rows
+    kept, rest = rows[: MAX_ERROR_KINDS - 1], rows[MAX_ERROR_KINDS - 1 :]
+    other = {
+        "kind": f"other ({len(rest)} kinds)",
+        "count": sum(r.get("count", 0) for r in rest),
+        "share": rounded(sum(r.get("share", 0.0) for r in rest), 4),
+        "example": str(rest[0].get("example", ""))[:300],
+    }
+    return [*kept, other]
 
 
 def latency_summary(values_ms: list[float]) -> dict[str, Any]:

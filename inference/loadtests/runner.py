@@ -135,14 +135,14 @@ def error_kind(exc: BaseException) -> tuple[str, str]:
     """``(kind, message)`` of a failed request: ``http_<status> <code>``, ``timeout``,
     ``connection``, ``stream_error <code>``, or the exception's type."""
     if isinstance(exc, openai.APIStatusError):
-        code = exc.code or ""
+        code = str(exc.code or "")[:64]  # the target's own word: one kind each, cut short
         return f"http_{exc.status_code}" + (f" {code}" if code else ""), exc.message[:300]
     if isinstance(exc, openai.APITimeoutError):
         return "timeout", str(exc)[:300]
     if isinstance(exc, openai.APIConnectionError):
         return "connection", str(exc)[:300]
     if isinstance(exc, openai.APIError):
-        code = getattr(exc, "code", None) or ""
+        code = str(getattr(exc, "code", None) or "")[:64]
         return "stream_error" + (f" {code}" if code else ""), exc.message[:300]
     return type(exc).__name__, str(exc)[:300]
 

@@ -30,6 +30,7 @@ from inference.loadtests.scenario import (
 )
 
 State = LoadTestRun.State
+MAX_SCENARIOS = 500  # saved ones: every page and form that lists them stays bounded
 
 
 def _invalid(exc: BadScenario) -> Invalid:
@@ -74,12 +75,19 @@ def scenario_save(
     *, spec: dict[str, Any] | None = None, yaml_text: str | None = None
 ) -> LoadScenario:
     """Create or replace the scenario the spec names. ``Invalid`` for a bad field,
-    ``Conflict`` for a built-in's name."""
+    ``Conflict`` for a built-in's name or a new one past ``MAX_SCENARIOS``."""
     scenario = scenario_parse(spec=spec, yaml_text=yaml_text)
     if scenario.name in BUILTIN:
         raise Conflict(
             f"{scenario.name!r} is built in; save your version under another name.",
             code="scenario_builtin",
+            field="name",
+        )
+    saved = LoadScenario.objects.filter(builtin=False)
+    if saved.count() >= MAX_SCENARIOS and not saved.filter(name=scenario.name).exists():
+        raise Conflict(
+            f"At most {MAX_SCENARIOS} saved scenarios; delete one before saving another.",
+            code="scenarios_full",
             field="name",
         )
     row, created = LoadScenario.objects.update_or_create(

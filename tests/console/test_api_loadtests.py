@@ -311,3 +311,34 @@ def test_a_scenario_nested_3000_deep_is_a_422_naming_yaml_everywhere_it_enters(a
     assert 400 <= answer.status_code < 500, answer.content[:300]
     long = api("operator", "post", "/loadtests/scenarios", json={"yaml": "# x\n" * 20_000})
     assert long.status_code == 422 and "at most 64,000 characters" in long.json()["detail"]
+
+
+def test_the_report_page_draws_a_bounded_errors_table_from_a_stored_report(login, finished):
+    rows = [
+        {"kind": f"http_500 odd-{i}", "count": 1, "share": 0.0001, "example": "x"}
+        for i in range(5000)
+    ]
+    LoadTestRun.objects.filter(pk=finished.pk).update(report={**finished.report, "errors": rows})
+    page = login("viewer").get(f"/loadtests/{finished.pk}/")
+    text = visible_text(page)
+    assert "http_500 odd-18" in text and "http_500 odd-19 " not in text
+    assert "other (4981 kinds) 4981" in text
+    assert page.content.decode().count("http_500 odd-") == 19
+
+
+def test_saved_scenarios_are_bounded(api, monkeypatch):
+    from inference.loadtests import services
+
+    monkeypatch.setattr(services, "MAX_SCENARIOS", 2)
+    for name in ("a", "b"):
+        assert (
+            api(
+                "operator", "post", "/loadtests/scenarios", json={"spec": {**TINY, "name": name}}
+            ).status_code
+            == 201
+        )
+    full = api("operator", "post", "/loadtests/scenarios", json={"spec": {**TINY, "name": "c"}})
+    assert full.status_code == 409 and full.json()["code"] == "scenarios_full"
+    assert "At most 2 saved scenarios" in full.json()["detail"]
+    again = api("operator", "post", "/loadtests/scenarios", json={"spec": {**TINY, "name": "a"}})
+    assert again.status_code == 201  # replacing one still works

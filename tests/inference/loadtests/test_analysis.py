@@ -183,3 +183,16 @@ def test_it_summarises_nodes_from_records_and_samples():
     assert rows["node-01"]["share"] == 0.75 and rows["node-01"]["sessions"] == 1
     assert rows["node-01"]["cpu_mean"] == 80 and rows["node-01"]["kv_peak_pct"] == 30
     assert rows["node-02"]["active_peak"] == 1
+
+
+def test_the_errors_table_keeps_the_most_frequent_kinds_and_folds_the_rest():
+    from inference.loadtests.analysis import MAX_ERROR_KINDS, error_rows
+
+    failed = [
+        {**turn(0, 1, sid=f"s{i}", turn=0), "ok": False, "error": f"http_500 k{i}", "message": "m"}
+        for i in range(100)
+    ] + [{**turn(0, 1, sid="t", turn=k), "ok": False, "error": "timeout"} for k in range(3)]
+    rows = error_rows(failed)
+    assert len(rows) == MAX_ERROR_KINDS and rows[0]["kind"] == "timeout" and rows[0]["count"] == 3
+    assert rows[-1]["kind"] == "other (82 kinds)" and rows[-1]["count"] == 82
+    assert sum(r["count"] for r in rows) == 103
