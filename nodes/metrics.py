@@ -5,6 +5,13 @@ from __future__ import annotations
 import math
 import re
 
+from nodes.agent.metrics import (
+    FAILED_REQUESTS_TOTAL,
+    REQUESTS_TOTAL,
+    TOOL_PARSE_FAILURES_TOTAL,
+    TTFT_P95_SECONDS,
+)
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -89,13 +96,13 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
         "busy": busy,
         "kv_used": _get(samples, "phalanx_node_kv_used_tokens"),
         "kv_capacity": _get(samples, "phalanx_node_kv_capacity_tokens"),
-        "requests": _get(samples, "phalanx_node_requests_total"),
+        "requests": _get(samples, REQUESTS_TOTAL),
         "prefill_speed": _get(samples, "phalanx_node_prefill_speed_tokens_per_second") or None,
         "host_ram": _get(samples, "phalanx_node_host_ram_bytes"),
         "host_ram_budget": _get(samples, "phalanx_node_host_ram_budget_bytes"),
-        "failed": _get(samples, "phalanx_node_failed_requests_total"),
-        "tool_parse_failures": _get(samples, "phalanx_node_tool_parse_failures_total"),
-        "ttft_p95": _finite(_get(samples, "phalanx_node_ttft_p95_seconds")),
+        "failed": _get(samples, FAILED_REQUESTS_TOTAL),
+        "tool_parse_failures": _get(samples, TOOL_PARSE_FAILURES_TOTAL),
+        "ttft_p95": _finite(_get(samples, TTFT_P95_SECONDS)),
     }
 
 

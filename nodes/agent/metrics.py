@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+# The series a rolling upgrade's bake compares (inference/upgrades/plan.py, ``bake_gates``):
+# the control plane's scraper reads them by these same names (nodes/metrics.py), so a rename
+# here cannot leave the bake reading nothing and passing a bad version.
+REQUESTS_TOTAL = "phalanx_node_requests_total"
+FAILED_REQUESTS_TOTAL = "phalanx_node_failed_requests_total"
+TOOL_PARSE_FAILURES_TOTAL = "phalanx_node_tool_parse_failures_total"
+TTFT_P95_SECONDS = "phalanx_node_ttft_p95_seconds"
+
 # (snapshot key, metric name, type, help)
 _SERIES = [
     (
         "requests_total",
-        "phalanx_node_requests_total",
+        REQUESTS_TOTAL,
         "counter",
         "Chat requests admitted to the engine.",
     ),
@@ -122,19 +130,19 @@ _SERIES = [
     ),
     (
         "failed_total",
-        "phalanx_node_failed_requests_total",
+        FAILED_REQUESTS_TOTAL,
         "counter",
         "Chat requests that failed on the node's side (engine errors; not the client's).",
     ),
     (
         "tool_parse_failures_total",
-        "phalanx_node_tool_parse_failures_total",
+        TOOL_PARSE_FAILURES_TOTAL,
         "counter",
         "Answers that began a tool call the node could not parse.",
     ),
     (
         "ttft_p95_seconds",
-        "phalanx_node_ttft_p95_seconds",
+        TTFT_P95_SECONDS,
         "gauge",
         "Time to first token, 95th percentile of the last 256 requests (NaN before any).",
     ),
