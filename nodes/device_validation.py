@@ -15,9 +15,7 @@ loop and ``manage.py validate`` can both advance one run. See docs/validation.md
 from __future__ import annotations
 
 import logging
-import math
 import os
-import statistics
 import threading
 from datetime import timedelta
 from typing import Any
@@ -31,12 +29,13 @@ from nodes import client as node_client
 from nodes.devices.inventory import diff
 from nodes.devices.matrix import FAIL, Facts, RuleResult, evaluate, overall
 from nodes.models import Node, NodeEvent, ValidationRun
+from nodes.validation_machines import Placement, may_start
+from nodes.validation_pool import BENCH_KEYS, figure, pool_figures, speeds_refresh
 
 log = logging.getLogger(__name__)
 Run = ValidationRun
 TIMEOUT_S = float(os.environ.get("PHALANX_VALIDATION_TIMEOUT_S", "300"))
 STEP_INTERVAL_S = 1.0
-SPEED_LIMITS = (0.1, 10.0)
 RETRY_FIRST_S, RETRY_MAX_S = 60.0, 3600.0
 _VERDICT = {"pass": Run.State.PASSED, "warn": Run.State.WARNED, "fail": Run.State.FAILED}
 _NODE_STATUS = {
@@ -46,15 +45,11 @@ _NODE_STATUS = {
     Run.State.ERROR: "failed",
 }
 OPEN = (Run.State.QUEUED, Run.State.RUNNING)
-BENCH_KEYS = ("memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1", "decode_tok_s_8")
 ENGINE_KEYS = ("threads", "sequences", "ctx_per_seq", "kv_bytes_per_token")
 
 
-def host_key(address: str) -> str:
-    """Which machine an address is on, for one-run-per-machine: every loopback address
-    (127.0.0.0/8, localhost, ::1) is this machine."""
-    host = address.rsplit(":", 1)[0].strip("[]").lower()
-    return "loopback" if host.startswith("127.") or host in ("localhost", "::1") else host
+def _placement(node: Node) -> Placement:
+    return Placement.of(address=node.address, cpu_set=node.cpu_set)
 
 
 def _event(node: Node, message: str) -> None:
@@ -66,13 +61,6 @@ def _event(node: Node, message: str) -> None:
 
 def _age_s(since) -> float:
     return (timezone.now() - since).total_seconds() if since else 0.0
-
-
-def _figure(value: Any) -> float | None:
-    """A finite number as float, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 # Requests ---------------------------------------------------------------------------------
@@ -176,20 +164,21 @@ def validation_waive(*, node_id: str, reason: str, by: str) -> Node:
 
 
 def validation_step() -> list[ValidationRun]:
-    """Advance every open run once: start queued ones (one running per machine, so runs on
-    one machine do not measure each other) and poll running ones. A run that cannot be
+    """Advance every open run once: start queued ones, oldest first, where they measure
+    nobody else (``nodes.validation_machines``: one run per machine at a time, or several
+    when each node is pinned to CPUs of its own) and poll running ones. A run that cannot be
     advanced (an error of ours) ends ``error`` without holding up the others. Returns the
     open runs it found."""
     runs = list(
         Run.objects.filter(state__in=OPEN).select_related("node").order_by("created_at", "id")
     )
-    busy = {host_key(r.node.address) for r in runs if r.state == Run.State.RUNNING}
+    busy = [_placement(r.node) for r in runs if r.state == Run.State.RUNNING]
     for run in runs:
         try:
             if run.state == Run.State.RUNNING:
                 validation_poll(run)
-            elif host_key(run.node.address) not in busy and validation_start(run):
-                busy.add(host_key(run.node.address))
+            elif may_start(_placement(run.node), busy) and validation_start(run):
+                busy.append(_placement(run.node))
         except Exception as exc:  # one bad run must not hold up the others
             log.exception("validation %s could not be advanced", run.pk)
             _end(run, Run.State.ERROR, reason=f"the control plane could not advance it: {exc}")
@@ -197,8 +186,8 @@ def validation_step() -> list[ValidationRun]:
 
 
 def validation_start(run: ValidationRun) -> bool:
-    """Ask the node to start ``run``; True when the machine is busy with a run now (this one,
-    or one another process started meanwhile). An unreachable or busy node is asked again
+    """Ask the node to start ``run``; True when the node's CPUs are busy with a run now (this
+    one, or one another process started meanwhile). An unreachable or busy node is asked again
     next step, until ``TIMEOUT_S`` after the run was queued."""
     node = run.node
     if _host_busy(run):
@@ -223,11 +212,13 @@ def validation_start(run: ValidationRun) -> bool:
 
 
 def _host_busy(run: ValidationRun) -> bool:
-    """True when another run is running on ``run``'s machine (read afresh: another process
+    """True when a run that ``run`` would disturb is running (read afresh: another process
     may have started one since this one listed the runs)."""
-    key = host_key(run.node.address)
     running = Run.objects.filter(state=Run.State.RUNNING).exclude(pk=run.pk)
-    return any(host_key(a) == key for a in running.values_list("node__address", flat=True))
+    placements = running.values_list("node__address", "node__cpu_set")
+    return not may_start(
+        _placement(run.node), (Placement.of(address=a, cpu_set=c) for a, c in placements)
+    )
 
 
 def _unsupported() -> RuleResult:
@@ -261,7 +252,7 @@ def validation_poll(run: ValidationRun) -> None:
     elif state.get("state") == "done":
         validation_finish(run, state.get("report"))
     else:
-        phase, progress = str(state.get("phase") or "")[:64], _figure(state.get("progress")) or 0.0
+        phase, progress = str(state.get("phase") or "")[:64], figure(state.get("progress")) or 0.0
         if (phase, progress) != (run.phase, run.progress):
             Run.objects.filter(pk=run.pk, state=Run.State.RUNNING).update(
                 phase=phase, progress=min(1.0, progress)
@@ -286,47 +277,8 @@ def report_problem(report: Any) -> str:
         for k in ENGINE_KEYS
         if not isinstance(engine.get(k), int) or isinstance(engine.get(k), bool)
     ]
-    bad += [k for k in BENCH_KEYS if _figure(bench.get(k)) is None]
+    bad += [k for k in BENCH_KEYS if figure(bench.get(k)) is None]
     return f"the report lacks numbers for {', '.join(bad)}" if bad else ""
-
-
-def pool_figures(node: Node, *, package_id: int | None) -> dict[str, Any]:
-    """Medians of the other nodes serving ``package_id``, from their last passed or warned
-    runs of it: ``{"nodes": n, "memory_bandwidth_gb_s", "prompt_tok_s", "decode_tok_s_1",
-    "decode_tok_s_8"}`` (None when no other node has one)."""
-    latest = latest_benches(package_id=package_id, exclude=node.pk)
-    medians = {
-        k: round(statistics.median(v), 2)
-        if (v := [b[k] for b in latest.values() if _figure(b.get(k))])
-        else None
-        for k in BENCH_KEYS
-    }
-    return {"nodes": len(latest), **medians}
-
-
-def latest_benches(
-    *, package_id: int | None, exclude: int | None = None
-) -> dict[int, dict[str, Any]]:
-    """``{node pk: bench}`` of the last passed or warned run of ``package_id`` (the package the
-    run measured: an upgrade switches packages without a run) of each node that serves it and
-    is validated now."""
-    nodes = Node.objects.filter(package_id=package_id, validation__in=("passed", "warned"))
-    if exclude is not None:
-        nodes = nodes.exclude(pk=exclude)
-    latest: dict[int, dict[str, Any]] = {}
-    for run in (
-        Run.objects.filter(
-            node__in=nodes,
-            package_id=package_id,
-            state__in=(Run.State.PASSED, Run.State.WARNED),
-            bench__isnull=False,
-        )
-        .order_by("node_id", "-finished_at")
-        .only("node_id", "bench")
-    ):
-        if isinstance(run.bench, dict):
-            latest.setdefault(run.node_id, run.bench)
-    return latest
 
 
 def validation_finish(run: ValidationRun, report: Any) -> ValidationRun:
@@ -401,7 +353,7 @@ def _end(
         "inventory": report.get("inventory"),
         "engine": report.get("engine"),
         "bench": report.get("bench"),
-        "seconds": _figure(report.get("seconds")),
+        "seconds": figure(report.get("seconds")),
         "node_instance": str(report.get("instance") or run.node_instance or "")[:64],
         "fingerprint": str(report.get("fingerprint") or "")[:64],
     }
@@ -424,25 +376,6 @@ def _end(
     changed = f"; changed since the last run: {len(run.changes)}" if run.changes else ""
     _event(node, f"validation {run.pk} {run.get_state_display().lower()}{changed}: {reason}")
     return True
-
-
-def speeds_refresh(*, package_id: int | None) -> dict[str, float]:
-    """Set every validated node of the package's pool to its decode speed at 8 sequences over
-    the pool's median (clamped to 0.1-10); a node of the package without a figure for it
-    (switched by an upgrade since) is unmeasured. Returns ``{node_id: speed}``."""
-    latest = latest_benches(package_id=package_id)
-    figures = {pk: f for pk, b in latest.items() if (f := _figure(b.get("decode_tok_s_8")))}
-    Node.objects.filter(package_id=package_id).exclude(pk__in=figures).update(measured_speed=None)
-    if not figures:
-        return {}
-    median = statistics.median(figures.values())
-    low, high = SPEED_LIMITS
-    speeds = {}
-    for node in Node.objects.filter(pk__in=figures):
-        speed = round(min(high, max(low, figures[node.pk] / median)), 3)
-        Node.objects.filter(pk=node.pk).update(measured_speed=speed)
-        speeds[node.node_id] = speed
-    return speeds
 
 
 # The control loop's thread ---------------------------------------------------------------

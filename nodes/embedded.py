@@ -330,3 +330,19 @@ def wait_for_port(host: str, port: int, *, timeout: float) -> bool:
         except OSError:
             time.sleep(0.2)
     return False
+
+
+# --- start-up: what the array can serve ------------------------------------------------------
+
+
+def nodes_mark_starting(node_ids: Sequence[str]) -> int:
+    """Before ``up`` starts its node agents: what the database says of them is a previous
+    process's, so each is ``unknown`` (not ``up``: it is loading; a draining node stays
+    draining) with no load, and ``pending`` validation unless waived (its new agent is
+    validated before it takes traffic, as any restarted agent is). Returns how many it reset."""
+    nodes = Node.objects.filter(node_id__in=node_ids)
+    nodes.exclude(state=Node.State.DRAINING).update(state=Node.State.UNKNOWN)
+    nodes.exclude(validation="waived").update(
+        validation="pending", validation_reason="agent starting: to be validated"
+    )
+    return nodes.update(consecutive_failures=0, consecutive_successes=0, last_seen_load=None)

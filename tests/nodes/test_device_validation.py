@@ -193,18 +193,53 @@ def test_it_fails_an_external_node_until_an_operator_waives_it(fleet):
     assert ValidationRun.objects.count() == 1
 
 
-def test_it_runs_one_validation_per_machine_at_a_time(fleet):
-    a = fleet("node-01", report("nvidia-l4", threads=4))
-    b = fleet("node-02", report("nvidia-l4", threads=4))
-    for fake in (a, b):
+def run_states() -> dict[str, str]:
+    return dict(ValidationRun.objects.values_list("node__node_id", "state"))
+
+
+@pytest.mark.parametrize(
+    ("allowed", "cpu_sets", "together"),
+    [
+        (False, ("0", "1"), False),  # the default: one run per machine, pinned or not
+        (True, ("", ""), False),  # not pinned: either may use any CPU of the machine
+        (True, ("0-1", ""), False),
+        (True, ("0-1", "1-2"), False),  # CPU 1 is shared
+        (True, ("0", "1"), True),  # each node pinned to its own CPU, as `up` pins them
+        (True, ("0,2", "1,3"), True),
+    ],
+)
+def test_validations_on_one_machine_run_together_only_on_cpus_of_their_own(
+    fleet, monkeypatch, allowed, cpu_sets, together
+):
+    from nodes import validation_machines
+
+    monkeypatch.setattr(validation_machines, "TOGETHER", allowed)
+    fakes = [fleet(f"node-0{i}", report("nvidia-l4", threads=4, instance=f"i-{i}")) for i in (1, 2)]
+    for fake, cpus in zip(fakes, cpu_sets, strict=True):
         fake.validation_polls = 2
+        Node.objects.filter(node_id=fake.node_id).update(cpu_set=cpus)
     ControlLoop().tick()
     dv.validation_step()
-    states = sorted(ValidationRun.objects.values_list("state", flat=True))
-    assert states == ["queued", "running"]  # both on loopback: one machine
+    second = "running" if together else "queued"
+    assert run_states() == {"node-01": "running", "node-02": second}  # both on loopback
     for _ in range(10):
         dv.validation_step()
-    assert sorted(ValidationRun.objects.values_list("state", flat=True)) == ["warned", "warned"]
+    assert run_states() == {"node-01": "warned", "node-02": "warned"}
+
+
+def test_a_run_waits_for_one_another_process_started_on_its_cpus(fleet, monkeypatch):
+    """The rule is read afresh when a run starts: another process (``manage.py validate``, a
+    second loop) may have started a run on the same CPUs since this step listed the runs."""
+    from nodes import validation_machines
+
+    monkeypatch.setattr(validation_machines, "TOGETHER", True)
+    fakes = [fleet(f"node-0{i}", report("nvidia-l4", threads=4, instance=f"i-{i}")) for i in (1, 2)]
+    Node.objects.update(cpu_set="0")
+    ControlLoop().tick()
+    first, second = ValidationRun.objects.order_by("created_at", "id").select_related("node")
+    ValidationRun.objects.filter(pk=first.pk).update(state="running")  # by someone else
+    assert dv.validation_start(second) is True  # busy: not started
+    assert run_states()["node-02"] == "queued" and fakes[1].validation_run is None
 
 
 def test_it_validates_a_node_again_when_its_address_changes(fleet):

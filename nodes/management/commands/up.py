@@ -1,8 +1,10 @@
 """``manage.py up [--nodes 2] [--port 8000]``: run the embedded array on this machine.
 
 Migrates, bootstraps, starts the control plane (daphne), the control loop and N node agents as
-child processes, prints the console URL, admin login and API token, and on Ctrl-C or
-SIGTERM stops every child (SIGTERM, then SIGKILL after a timeout).
+child processes, prints the console URL, admin login and API token, then, live, each node's
+stage (loading, validating, takes sessions, kept out) and "ready" with the OpenAI base URL once
+sessions can be placed on every node that passed (``nodes.startup``); on Ctrl-C or SIGTERM
+stops every child (SIGTERM, then SIGKILL after a timeout).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import psutil
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from inference.engine.scheduler import default_host_ram_mib
 from nodes.client import probe
@@ -27,11 +30,13 @@ from nodes.embedded import (
     control_plane_command,
     node_command_now,
     node_environment,
+    nodes_mark_starting,
     ports_taken,
     wait_for_port,
 )
 from nodes.management.commands.bootstrap import describe
 from nodes.services import node_record_restart
+from nodes.startup import StartupWatch, validation_estimate
 
 
 class _Stop(Exception):
@@ -98,6 +103,8 @@ class Command(BaseCommand):
             result = array_bootstrap(nodes=options["nodes"], node_base_port=node_port)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        node_ids = [n.node_id for n in result.nodes]
+        nodes_mark_starting(node_ids)  # the rows are a previous process's: not up, not validated
         supervisor = Supervisor()
         signal.signal(signal.SIGTERM, _raise_stop)
         signal.signal(signal.SIGINT, _raise_stop)
@@ -114,16 +121,14 @@ class Command(BaseCommand):
             self._wait_for_nodes(result.nodes, supervisor)
             for line in describe(result):
                 self.stdout.write(line)
+            base = f"http://{host}:{port}"
+            self.stdout.write(f"console: {base}/" + ("" if ready else " (not answering yet)"))
             self.stdout.write(
-                f"console: http://{host}:{port}/" + ("" if ready else " (not answering yet)")
-            )
-            self.stdout.write(f"OpenAI base URL: http://{host}:{port}/v1")
-            self.stdout.write(
-                "each node takes traffic once its devices are validated (about 10 s a node, "
-                f"one at a time): http://{host}:{port}/validation/"
+                "not ready yet: a node takes sessions once its devices are validated "
+                f"({base}/validation/); {validation_estimate(node_ids).text}"
             )
             self.stdout.write("Ctrl-C stops everything.")
-            code = self._watch(supervisor)
+            code = self._watch(supervisor, startup=StartupWatch(node_ids, base_url=base))
         except _Stop:
             self.stdout.write("stopping…")
         finally:
@@ -136,13 +141,13 @@ class Command(BaseCommand):
 
     def _wait_for_nodes(self, nodes: list, supervisor: Supervisor, timeout: float = 180.0) -> None:
         """Block until every node answers ``/health`` 200 (model loaded) or ``timeout`` s pass,
-        then run one health-check round so they are marked up before we say we are ready."""
+        then run one health-check round so they are marked up (and their validations queued)."""
         deadline = time.monotonic() + timeout
         waiting = {n.node_id: n.address for n in nodes}
         while waiting and time.monotonic() < deadline and not supervisor.exited():
             for node_id, address in list(waiting.items()):
                 if probe(address, node_id=node_id, timeout=1.0).ok:
-                    self.stdout.write(f"{node_id} ready")
+                    self.stdout.write(f"{node_id} loaded its model")
                     del waiting[node_id]
             time.sleep(0.3)
         for node_id in waiting:
@@ -151,16 +156,23 @@ class Command(BaseCommand):
             )
         ControlLoop().tick()
 
-    def _watch(self, supervisor: Supervisor, backoff: Backoff | None = None) -> int:
+    def _watch(
+        self,
+        supervisor: Supervisor,
+        backoff: Backoff | None = None,
+        startup: StartupWatch | None = None,
+    ) -> int:
         """Wait; a node agent that exits is restarted after a backoff (``Backoff``), with a
         ``restarted`` event on its page; the control plane or control loop exiting stops the
-        array (returns its status)."""
+        array (returns its status). ``startup``'s lines (each node's stage, "ready") are
+        printed as they change."""
         backoff = backoff or Backoff()
         in_a_row: dict[str, int] = {}
         due: dict[str, float] = {}  # node -> when to start it again
         while True:
             time.sleep(0.5)
             now = time.monotonic()
+            self._say(startup)
             for name, returncode in supervisor.exited():
                 if name in ("control plane", "control loop"):
                     self.stderr.write(f"{name} exited with status {returncode}")
@@ -183,6 +195,18 @@ class Command(BaseCommand):
                 if now >= at:
                     self._restart_node(supervisor, name)
                     del due[name]
+
+    def _say(self, startup: StartupWatch | None) -> None:
+        """Print what changed in the array's start-up (nothing when the database is busy:
+        the next poll says it)."""
+        if startup is None:
+            return
+        try:
+            lines = startup.poll()
+        except DatabaseError:
+            return
+        for line in lines:
+            self.stdout.write(line)
 
     @staticmethod
     def _restart_node(supervisor: Supervisor, name: str) -> None:
