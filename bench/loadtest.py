@@ -6,7 +6,8 @@ other P95 targets, the cost per session and the findings.
 ``--quick`` runs the two quick built-ins instead (``ramp-quick``, ``agent-sessions-quick``),
 each against the same array. Goals: the full run within 10 minutes, each quick one within 3.
 The last line is one JSON object: per scenario its headline (``manage.py loadtest``'s JSON line)
-and ``seconds``, and ``goal_ratio`` (the longest run's seconds over its goal; under 1 meets it).
+and ``seconds``, ``stop_s`` (how long a stop over the API took to land, goal 2 s), and
+``goal_ratio`` (the longest run's seconds over its goal; under 1 meets it).
 The peer measured in the same run is the per-request view a request-level tool (vLLM's
 ``bench serve``, GenAI-Perf) would report: ``request_p95_s`` (E2E latency of single
 requests) beside ``session_p95_s`` (whole conversations), and their ratio.
@@ -140,6 +141,35 @@ def cost_by_target(base: str, run_id: int, report: dict) -> list[dict]:
     return plans
 
 
+STOP_GOAL_S = 2.0  # a stop lands within two seconds (the tests assert only its state)
+
+
+def stop_seconds(base: str) -> float | None:
+    """Seconds from ``POST /api/loadtests/<id>/stop`` to the run's state ``stopped``, for a
+    steady run of 2 sessions started over the API with no token (so the worker proves this
+    control plane and mints one), stopped once it answered 3 turns; None if it never ran."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    spec = {"name": "bench-stop", "kind": "steady", "concurrency": 2, "hold_s": 300,
+            "turns": 4, "max_tokens": 16, "max_s": 400}  # fmt: skip
+    run = httpx.post(f"{base}/api/loadtests", json={"spec": spec}, headers=headers, timeout=30)
+    run_id = run.json()["id"]
+    url = f"{base}/api/loadtests/{run_id}"
+    deadline = time.monotonic() + 120
+    while httpx.get(url, headers=headers, timeout=30).json()["live"].get("answered", 0) < 3:
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+    started = time.perf_counter()
+    httpx.post(f"{url}/stop", headers=headers, timeout=30)
+    while httpx.get(url, headers=headers, timeout=30).json()["state"] != "stopped":
+        time.sleep(0.05)
+    seconds = time.perf_counter() - started
+    print(
+        f"\n== stop: the run was stopped {seconds:.2f} s after the request (goal {STOP_GOAL_S} s)"
+    )
+    return round(seconds, 2)
+
+
 def show(name: str, report: dict, seconds: float) -> None:
     s = report["summary"]
     print(
@@ -185,10 +215,19 @@ def main() -> None:
     try:
         names = ["ramp-quick", "agent-sessions-quick"] if args.quick else ["agent-sessions"]
         results = {name: run_scenario(name, base, env) for name in names}
+        stop_s = stop_seconds(base)
     finally:
         proc.stop(timeout=30)
     ratio = max(r["seconds"] / r["goal_s"] for r in results.values())
-    emit({"scenarios": results, "goal_ratio": round(ratio, 3), "ratio": round(ratio, 3)})
+    emit(
+        {
+            "scenarios": results,
+            "stop_s": stop_s,
+            "stop_goal_s": STOP_GOAL_S,
+            "goal_ratio": round(ratio, 3),
+            "ratio": round(ratio, 3),
+        }
+    )
 
 
 if __name__ == "__main__":

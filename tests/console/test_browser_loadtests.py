@@ -20,8 +20,17 @@ from inference.loadtests.services import scenario_save
 scenario_save(spec={"name": "browser-agents", "kind": "agent_sessions", "steps": [1, 2],
                     "turns": 3, "max_tokens": 8, "tool_max_tokens": 64, "max_s": 200})
 """
-MARKERS = "() => document.querySelectorAll('#lt-chart-curve .scatterlayer .point').length"
-TRACES = "() => document.querySelectorAll('#lt-chart-curve .scatterlayer .trace').length"
+# the curve's traces as Plotly holds them: what the chart plots, by name
+PLOTTED = """() => (document.getElementById('lt-chart-curve').data || [])
+    .map(t => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y)}))"""
+
+
+def plotted(page) -> dict[str, dict]:
+    return {t["name"]: t for t in page.evaluate(PLOTTED)}
+
+
+def run_id_of(page) -> int:
+    return int(page.url.rstrip("/").rsplit("/", 1)[-1].split("?")[0])
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +55,29 @@ def test_an_operator_starts_a_run_follows_it_live_and_reads_its_report(page_as, 
     # the run ends; the page reloads itself with the report
     expect(page.locator("#lt-report")).to_be_visible(timeout=180_000)
     expect(page.locator("#lt-state")).to_have_text("Succeeded")
-    expect(page.locator("#sum-knee")).to_be_visible()
+    report = array.api("GET", f"/loadtests/{run_id_of(page)}/report").json()
+    knee = report["summary"]["knee_concurrency"]
+    expect(page.locator("#sum-knee")).to_have_text(f"{knee} sessions" if knee else "not met")
     steps = page.locator("#lt-steps tbody tr")
     expect(steps).to_have_count(2)
     expect(steps.nth(1).locator("td").first).to_have_text("2")
-    page.wait_for_function(f"({MARKERS})() >= 2", timeout=10_000)
+    # the curve plots the report's figures: tokens/s and the P95 at each concurrency
+    page.wait_for_function(f"({PLOTTED})().length >= 2", timeout=10_000)
+    drawn = plotted(page)
+    assert drawn["tokens/s"]["x"] == [1, 2]
+    assert drawn["tokens/s"]["y"] == [p["tokens_per_s"] for p in report["curve"]]
+    assert drawn["cache-hit TTFT P95 (s)"]["y"] == [p["p95_s"] for p in report["curve"]]
     expect(page.locator("#lt-nodes")).to_contain_text("node-lt1")
-    expect(page.locator("#lt-findings li").first).to_be_visible()
+    findings = page.locator("#lt-findings li")
+    if report["findings"]:
+        for i, finding in enumerate(report["findings"]):
+            expect(findings.nth(i)).to_contain_text(
+                f"{finding['symptom']} → likely {finding['cause']}."
+            )
+    else:
+        expect(findings).to_have_text(
+            ["No findings: nothing in the metrics matched the troubleshooting table."]
+        )
     expect(page.locator("#lt-capacity")).to_contain_text("Nodes needed")
     shot(page, "loadtest-report")
 
@@ -78,12 +103,18 @@ def test_stop_on_the_page_ends_the_run_and_keeps_what_it_measured(page_as, array
     expect = playwright_sync.expect
     expect(page.locator("#lt-report")).to_be_visible(timeout=30_000)
     expect(page.locator("#lt-state")).to_have_text("Stopped")
-    requests = page.locator("#lt-steps tbody tr").first.locator("td").nth(1).inner_text()
-    assert int(requests) >= 1
-    # overlay the finished run of the first test: four traces on the curve
+    report = array.api("GET", f"/loadtests/{run['id']}/report").json()
+    requests = page.locator("#lt-steps tbody tr").first.locator("td").nth(1)
+    expect(requests).to_have_text(str(report["steps"][0]["requests"]))
+    assert report["steps"][0]["requests"] >= 1
+    # overlay the finished run of the first test: its curve plotted beside this one's
     first = next(r for r in array.api("GET", "/loadtests").json() if r["state"] == "succeeded")
+    theirs = array.api("GET", f"/loadtests/{first['id']}/report").json()["curve"]
     page.goto(f"{array.url}/loadtests/{run['id']}/?overlay={first['id']}")
-    page.wait_for_function(f"({TRACES})() == 4", timeout=10_000)
+    page.wait_for_function(f"({PLOTTED})().length == 4", timeout=10_000)
+    overlay = plotted(page)[f"run {first['id']} tokens/s"]
+    assert overlay["x"] == [p["concurrency"] for p in theirs]
+    assert overlay["y"] == [p["tokens_per_s"] for p in theirs]
 
 
 def test_a_viewer_sees_runs_but_no_actions(page_as, array):

@@ -1,6 +1,8 @@
 """Load tests against a real array (control plane, control loop, a node agent with the bundled
 model, on loopback): a short run from the command line, a run from the API in the control
-loop's worker, stopped, and the console answering during it."""
+loop's worker (which proves the target is this control plane before it mints a token),
+stopped, and the console answering during it. States and order are asserted, never timings:
+how fast a stop lands is printed by ``bench/loadtest.py``."""
 
 from __future__ import annotations
 
@@ -133,28 +135,31 @@ def test_a_run_from_the_api_runs_in_a_worker_and_stops_keeping_what_it_measured(
     assert run, array.api("GET", f"/loadtests/{run_id}").json()
     assert run["live"]["concurrency"] == 2
 
-    # the console answers within a second while the run goes on
+    # the console answers while the run goes on: each answer comes before the run ends
     for path in ("/health", "/api/nodes", f"/api/loadtests/{run_id}", "/login/"):
         headers = {"Authorization": f"Bearer {array.token}"}
-        assert httpx.get(f"{array.url}{path}", headers=headers, timeout=1.0).status_code == 200
+        assert httpx.get(f"{array.url}{path}", headers=headers, timeout=30).status_code == 200
+    during = array.api("GET", f"/loadtests/{run_id}").json()
+    assert during["state"] == "running" and not during["stop_requested"]
 
+    answered = during["live"]["answered"]
     stop = array.api("POST", f"/loadtests/{run_id}/stop")
     assert stop.status_code == 200
     stopped = until(
         lambda: array.api("GET", f"/loadtests/{run_id}").json()["state"] == "stopped",
-        timeout=2.0,
-        step=0.05,
+        timeout=120,
     )
-    assert stopped, "the run did not stop within 2 s"
+    assert stopped, array.api("GET", f"/loadtests/{run_id}").json()
     report = array.api("GET", f"/loadtests/{run_id}/report").json()
     assert report["state"] == "stopped"
-    assert report["summary"]["requests"] >= 3
+    # every turn that had finished before the stop is kept in the report
+    assert sum(1 for t in report["turns"] if t["ok"]) >= answered >= 3
     assert report["steps"][0]["concurrency"] == 2
     assert report["control_plane"]["console"]["count"] > 0
     # a session the stop cut short is not counted as a complete conversation
     for session in report["sessions"]:
-        answered = sum(1 for t in report["turns"] if t["sid"] == session["sid"] and t["ok"])
-        assert session["complete"] == (answered == session["turns"]), session
+        its_own = sum(1 for t in report["turns"] if t["sid"] == session["sid"] and t["ok"])
+        assert session["complete"] == (its_own == session["turns"]), session
     # the control loop ran it in a worker process of its own (``manage.py loadtestjob``)
     assert (
         f"load test {run_id}: stopped"
