@@ -40,6 +40,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         if bool(options["scenario"]) == bool(options["file"]):
             raise CommandError("name a scenario or give --file (one of them)")
+        _require_migrated()
         with acting_as("cli"):
             try:
                 run = services.loadtest_start(
@@ -82,3 +83,22 @@ class Command(BaseCommand):
             return services.scenario_parse(yaml_text=text).as_spec()
         except ConsoleError as exc:
             raise CommandError(f"{path}: {exc.message}") from exc
+
+
+def _require_migrated() -> None:
+    """``CommandError`` saying what to run first when this database has no load-test tables
+    (``manage.py loadtest`` before ``make run`` / ``manage.py up``), not a traceback."""
+    from django.db import DatabaseError, connection
+
+    from inference.loadtests.models import LoadTestRun
+
+    try:
+        tables = connection.introspection.table_names()
+    except DatabaseError as exc:
+        raise CommandError(f"the database cannot be read ({exc})") from exc
+    if LoadTestRun._meta.db_table not in tables:
+        where = connection.settings_dict.get("NAME")
+        raise CommandError(
+            f"the database {where} is not set up: run `manage.py migrate` (or start the array "
+            "with `manage.py up` / `make run`) first"
+        )
