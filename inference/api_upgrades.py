@@ -9,6 +9,7 @@ from typing import Any
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
+from pydantic import StrictInt
 
 from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
 from inference.models import Upgrade
@@ -26,8 +27,11 @@ class UpgradeIn(Schema):
         description="max_unavailable, canary_share, bake_s, drain_timeout_s, switch_timeout_s, "
         "max_error_rate_increase, max_ttft_ratio, ttft_slack_s, min_requests",
     )
-    node_settings: dict[str, int] = Field(
-        {}, description="threads, sequences, ctx_per_seq, host_ram_mib: rolled with it"
+    node_settings: dict[str, StrictInt] = Field(
+        {},
+        description="threads (1-256), sequences (1-256), ctx_per_seq (256 to the package's "
+        "trained context, at most 131072), host_ram_mib (1-1048576): rolled with it; one out "
+        "of bounds is a 422 naming it",
     )
 
 

@@ -33,6 +33,16 @@ LIMITS: dict[str, tuple[float, float]] = {
 }
 INTEGERS = ("max_unavailable", "min_requests")
 
+# node_settings an upgrade may roll (the keys of ``nodes.agent.switch.SETTINGS``) and their
+# bounds, inclusive; ``ctx_per_seq`` is also at most the package's trained context
+# (``ModelPackage.context_window``). docs/upgrades.md, "Node settings", says why each.
+NODE_SETTING_LIMITS: dict[str, tuple[int, int]] = {
+    "threads": (1, 256),  # decode threads; more than a big server's cores only contend
+    "sequences": (1, 256),  # KV sequences (concurrent sessions) in the node's one context
+    "ctx_per_seq": (256, 131_072),  # tokens per sequence; the smoke chat needs a few hundred
+    "host_ram_mib": (1, 1_048_576),  # idle sessions' KV in host RAM: at most 1 TiB
+}
+
 
 class BadSettings(ValueError):
     """A setting is unknown or out of range; ``field`` names it."""
@@ -57,6 +67,27 @@ def settings_with_defaults(given: dict[str, Any] | None) -> dict[str, float]:
         if key in INTEGERS and value != int(value):
             raise BadSettings(f"{key}: a whole number", key)
         out[key] = int(value) if key in INTEGERS else float(value)
+    return out
+
+
+def node_settings_checked(given: dict[str, Any] | None, *, context_window: int) -> dict[str, int]:
+    """``given`` node settings, checked: every key one of ``NODE_SETTING_LIMITS``, every value
+    a whole number within its bounds, ``ctx_per_seq`` at most ``context_window`` (tokens, the
+    package's trained context). Returns them as ``{key: int}``; raises ``BadSettings`` naming
+    the first that is wrong (``field`` is the key)."""
+    out: dict[str, int] = {}
+    for key, value in (given or {}).items():
+        if key not in NODE_SETTING_LIMITS:
+            raise BadSettings(f"{key}: not a setting ({', '.join(NODE_SETTING_LIMITS)})", key)
+        low, high = NODE_SETTING_LIMITS[key]
+        if key == "ctx_per_seq":
+            high = min(high, max(low, int(context_window)))
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadSettings(f"{key}: a whole number from {low} to {high}", key)
+        if not low <= value <= high:
+            why = " (the package's trained context)" if high == context_window else ""
+            raise BadSettings(f"{key}: a whole number from {low} to {high}{why}", key)
+        out[key] = value
     return out
 
 

@@ -62,11 +62,12 @@ def upgrade_start(
     ``NotFound``; ``Conflict`` when ``to_package`` is not approved (only approved versions are
     deployed), when it is the same version and no setting changes, when no node serves
     ``from_package``, or when an upgrade of ``model`` is under way; ``Invalid`` for a bad
-    setting."""
+    setting (``plan.LIMITS``) or node setting (``plan.NODE_SETTING_LIMITS``, ``ctx_per_seq``
+    at most ``to_package``'s trained context)."""
     from inference.packages.services import package_get
 
     old, new = package_get(from_package_id), package_get(to_package_id)
-    node_settings = _checked_node_settings(node_settings)
+    node_settings = _checked_node_settings(node_settings, new)
     if old.pk == new.pk and not node_settings:
         raise Conflict(
             f"{old.key} is already what those nodes serve (give node_settings to roll new "
@@ -150,22 +151,13 @@ def _plan_steps(nodes: list[Node], max_unavailable: int) -> list[dict[str, Any]]
     return steps
 
 
-def _checked_node_settings(given: dict[str, Any] | None) -> dict[str, int]:
-    from nodes.agent.switch import SETTINGS
-
-    out = {}
-    for key, value in (given or {}).items():
-        if key not in SETTINGS:
-            raise Invalid(
-                f"node_settings.{key}: not a setting ({', '.join(SETTINGS)})",
-                field=f"node_settings.{key}",
-            )
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise Invalid(
-                f"node_settings.{key}: a whole number, at least 1", field=f"node_settings.{key}"
-            )
-        out[key] = value
-    return out
+def _checked_node_settings(given: dict[str, Any] | None, package: ModelPackage) -> dict[str, int]:
+    """``plan.node_settings_checked`` against ``package``'s trained context; raises
+    ``Invalid`` naming ``node_settings.<key>``."""
+    try:
+        return plan.node_settings_checked(given, context_window=package.context_window)
+    except plan.BadSettings as exc:
+        raise Invalid(f"node_settings.{exc}", field=f"node_settings.{exc.field}") from exc
 
 
 def _pinned_counts(node_pks: list[int]) -> dict[int, int]:

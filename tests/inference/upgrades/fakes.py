@@ -15,17 +15,23 @@ from nodes.models import Node
 
 @dataclass
 class FakeNodes:
-    """What each node serves (sha256) and its last switch; loads end at the next look."""
+    """What each node serves (sha256, with its engine settings) and its last switch; loads
+    end at the next look."""
 
     serving: dict[str, str] = field(default_factory=dict)
     switches: dict[str, dict] = field(default_factory=dict)
     cannot_load: set[str] = field(default_factory=set)  # sha256s that fail to load
     broken: set[str] = field(default_factory=set)  # sha256s whose smoke test fails
     asked: list[tuple[str, str]] = field(default_factory=list)
+    settings: dict[str, dict] = field(default_factory=dict)  # node_id -> settings it runs
+    asked_settings: list[tuple[str, dict]] = field(default_factory=list)
+    loading_settings: dict[str, dict] = field(default_factory=dict)  # of the load under way
 
     def package_switch(self, address, *, node_id, model_path, package, sha256, settings=None):
         self.asked.append((node_id, sha256))
+        self.asked_settings.append((node_id, dict(settings or {})))
         self.switches[node_id] = {"sha256": sha256, "state": "loading", "error": ""}
+        self.loading_settings[node_id] = dict(settings or {})
         return {}
 
     def package_state(self, address, *, node_id, timeout=5.0):
@@ -36,7 +42,15 @@ class FakeNodes:
             else:
                 switch["state"] = "done"
                 self.serving[node_id] = switch["sha256"]
-        return {"sha256": self.serving[node_id], "switch": switch}
+                self.settings[node_id] = {
+                    **self.settings.get(node_id, {}),
+                    **self.loading_settings.pop(node_id, {}),
+                }
+        return {
+            "sha256": self.serving[node_id],
+            "switch": switch,
+            "settings": self.settings.get(node_id, {}),
+        }
 
     def probe(self, address, *, node_id, timeout):
         return ProbeResult(True, "ok")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from inference.upgrades import plan
@@ -22,6 +24,43 @@ def test_settings_take_defaults_and_refuse_what_is_wrong():
         plan.settings_with_defaults({"bake_s": "5"})
     with pytest.raises(plan.BadSettings, match="bake_s: a number"):
         plan.settings_with_defaults({"bake_s": True})
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"threads": 257}, "threads: a whole number from 1 to 256"),
+        ({"threads": 0}, "threads: a whole number from 1 to 256"),
+        ({"sequences": 100_000}, "sequences: a whole number from 1 to 256"),
+        ({"ctx_per_seq": 8192}, "ctx_per_seq: a whole number from 256 to 4096 (the package's"),
+        ({"ctx_per_seq": 16}, "ctx_per_seq: a whole number from 256 to 4096"),
+        ({"host_ram_mib": 2**40}, "host_ram_mib: a whole number from 1 to 1048576"),
+        ({"threads": 2.5}, "threads: a whole number from 1 to 256"),
+        ({"threads": True}, "threads: a whole number from 1 to 256"),
+        ({"kv_type": 1}, "kv_type: not a setting (threads, sequences, ctx_per_seq, host_ram_mib)"),
+    ],
+)
+def test_node_settings_are_bounded_on_both_sides(given, says):
+    with pytest.raises(plan.BadSettings, match=f"^{re.escape(says)}") as bad:
+        plan.node_settings_checked(given, context_window=4096)
+    assert bad.value.field == next(iter(given))
+
+
+def test_node_settings_within_bounds_pass_as_given():
+    top = {"threads": 256, "sequences": 256, "ctx_per_seq": 4096, "host_ram_mib": 1_048_576}
+    assert plan.node_settings_checked(top, context_window=4096) == top
+    assert plan.node_settings_checked({"ctx_per_seq": 131_072}, context_window=10**6) == {
+        "ctx_per_seq": 131_072
+    }
+    with pytest.raises(plan.BadSettings, match="from 256 to 131072$"):
+        plan.node_settings_checked({"ctx_per_seq": 131_073}, context_window=10**6)
+    assert plan.node_settings_checked(None, context_window=4096) == {}
+
+
+def test_node_setting_limits_name_exactly_what_a_node_can_switch():
+    from nodes.agent.switch import SETTINGS
+
+    assert tuple(plan.NODE_SETTING_LIMITS) == SETTINGS
 
 
 def test_nodes_go_emptiest_first_in_batches():
