@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -80,18 +80,26 @@ def run(stop: threading.Event, interval_s: float = 1.0) -> None:
         stop.wait(interval_s)
 
 
-LEASE_S = 600.0  # longer than any one step (a smoke chat is at most SMOKE_TIMEOUT_S)
+LEASE_S = 30.0  # a driver that dies mid-step holds its upgrade this long at most
+RENEW_S = 10.0  # a step under way renews the lease this often (a smoke chat takes longer)
 
 
 def step(upgrade_id: int) -> Upgrade | None:
     """Advance one upgrade by one step; returns it as saved, or None when another driver
-    holds it (``lease_until``: one driver steps an upgrade at a time)."""
+    holds it (``lease_until``: one driver steps an upgrade at a time). The lease is renewed
+    every ``RENEW_S`` while the step runs, so a driver killed mid-step (SIGKILL, a lost host)
+    leaves it to the next one within ``LEASE_S``."""
     now = timezone.now()
     leased = Upgrade.objects.filter(pk=upgrade_id).filter(
         Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     )
     if not leased.update(lease_until=now + timedelta(seconds=LEASE_S)):
         return None
+    done = threading.Event()
+    renewer = threading.Thread(
+        target=_renew_lease, args=(upgrade_id, done), name=f"upgrade-{upgrade_id}-lease"
+    )
+    renewer.start()
     try:
         upgrade = Upgrade.objects.select_related("from_package", "to_package").get(pk=upgrade_id)
         started_as = upgrade.state
@@ -105,8 +113,22 @@ def step(upgrade_id: int) -> Upgrade | None:
             _backward(upgrade)
         _save(upgrade, started_as)
     finally:
+        done.set()
+        renewer.join()  # before the release: a late renewal would hold the upgrade
         Upgrade.objects.filter(pk=upgrade_id).update(lease_until=None)
     return Upgrade.objects.get(pk=upgrade_id)
+
+
+def _renew_lease(upgrade_id: int, done: threading.Event) -> None:
+    """Every ``RENEW_S`` until ``done``: push the upgrade's lease ``LEASE_S`` ahead."""
+    try:
+        while not done.wait(RENEW_S):
+            until = timezone.now() + timedelta(seconds=LEASE_S)
+            Upgrade.objects.filter(pk=upgrade_id).update(lease_until=until)
+    except Exception:  # the step goes on; at worst another driver takes over after LEASE_S
+        log.exception("upgrade %s: lease renewal failed", upgrade_id)
+    finally:
+        connection.close()  # this thread's own
 
 
 DRIVER_FIELDS = ("state", "phase", "new_share", "reason", "started_at", "finished_at")
