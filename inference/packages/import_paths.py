@@ -22,6 +22,7 @@ from django.conf import settings
 from console.errors import Invalid
 
 _PROC_FD = Path("/proc/self/fd")
+PATH_MAX = 4096  # Linux's limit on a whole path, in bytes
 
 
 class ImportPath(PosixPath):
@@ -44,13 +45,29 @@ def _refuse_outside(resolved: Path, allowed: list[Path]) -> None:
 
 def check_import_path(path: str) -> ImportPath:
     """``path`` resolved, as a file this host may import from. Raises ``Invalid`` (422,
-    ``field="path"``) when there is no file there, or when ``PHALANX_IMPORT_DIRS`` is set and
+    ``field="path"``) when the path is over ``PATH_MAX`` or holds a NUL, cannot be resolved,
+    has no file there, or when ``PHALANX_IMPORT_DIRS`` is set and
     the file is in none of them."""
-    resolved = Path(path).resolve()
-    _refuse_outside(resolved, _allowed())
-    if not resolved.is_file():
-        raise Invalid(f"path: no file at {path}.", field="path")
+    if len(path) > PATH_MAX or "\0" in path:
+        raise Invalid(
+            f"path: at most {PATH_MAX:,} characters, with no NUL; this one has {len(path):,}.",
+            field="path",
+        )
+    try:
+        resolved = Path(path).resolve()
+        _refuse_outside(resolved, _allowed())
+        found = resolved.is_file()
+    except OSError as exc:  # a component too long, a loop of links
+        raise Invalid(
+            f"path: {_shown(path)} cannot be used: {exc.strerror}.", field="path"
+        ) from exc
+    if not found:
+        raise Invalid(f"path: no file at {_shown(path)}.", field="path")
     return ImportPath(resolved)
+
+
+def _shown(path: str) -> str:
+    return path if len(path) <= 200 else f"{path[:200]}…"
 
 
 def open_import(path: str | Path) -> BinaryIO:

@@ -76,6 +76,18 @@ def test_a_directory_swapped_between_the_check_and_the_open_is_refused(home, dir
     assert not ModelPackage.objects.exists()
 
 
+def test_a_path_that_cannot_be_a_path_is_a_422_naming_it(home, tmp_path):
+    with pytest.raises(Invalid) as long:
+        services.package_import_enqueue(name="m", path="/tmp/" + "a" * 5000)
+    assert long.value.message == "path: at most 4,096 characters, with no NUL; this one has 5,005."
+    with pytest.raises(Invalid, match="^path: at most 4,096 characters, with no NUL"):
+        services.package_import_enqueue(name="m", path="/tmp/x\0y")
+    part = "/tmp/" + "a" * 300
+    with pytest.raises(Invalid) as component:
+        services.package_import_enqueue(name="m", path=part)
+    assert component.value.message == (f"path: {part[:200]}… cannot be used: File name too long.")
+
+
 def test_a_checked_path_that_stays_put_imports(home, dirs):
     allowed, _ = dirs
     checked = services.check_import_path(str(allowed / "sub" / "m.gguf"))
