@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.audit import acting_as
+from console.commands import ArrayCommand
 from console.errors import ConsoleError
 from inference.models import ModelPackage, PackageJob
 from inference.packages import services
@@ -54,7 +55,7 @@ def _summary(package: ModelPackage) -> dict:
     }
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Import, quantize, evaluate, approve, reject, retire and list model packages."
 
     def add_arguments(self, parser) -> None:
