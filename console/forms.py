@@ -7,6 +7,7 @@ from django import forms
 
 from console.models import Role
 from inference.models import ModelPackage, RoutingPolicy
+from inference.upgrades.plan import NODE_SETTING_LIMITS
 from nodes.models import Node
 
 
@@ -215,6 +216,14 @@ class ConfigForm(forms.Form):
         return data
 
 
+def _node_setting(key: str, label: str, help_text: str = "") -> forms.IntegerField:
+    """An optional node setting of ``UpgradeForm``, within ``plan.NODE_SETTING_LIMITS``."""
+    low, high = NODE_SETTING_LIMITS[key]
+    return forms.IntegerField(
+        required=False, min_value=low, max_value=high, label=label, help_text=help_text
+    )
+
+
 class UpgradeForm(forms.Form):
     """Start a rolling upgrade (``inference.upgrades.services.upgrade_start``)."""
 
@@ -233,6 +242,16 @@ class UpgradeForm(forms.Form):
     )
     bake_s = forms.FloatField(min_value=0.0, initial=30.0, label="Bake (s)")
     drain_timeout_s = forms.FloatField(min_value=0.0, initial=120.0, label="Drain timeout (s)")
+    # node settings rolled with it (blank: as the node runs now), bounded as the service is
+    NODE_SETTINGS = tuple(NODE_SETTING_LIMITS)
+    threads = _node_setting("threads", "Threads (node setting)")
+    sequences = _node_setting("sequences", "Sequences (node setting)")
+    ctx_per_seq = _node_setting(
+        "ctx_per_seq",
+        "Context per sequence (node setting)",
+        "Tokens; at most the target version's trained context.",
+    )
+    host_ram_mib = _node_setting("host_ram_mib", "Host RAM for idle KV, MiB (node setting)")
 
     def __init__(self, *args, **kwargs) -> None:
         from inference.models import ModelPackage
@@ -251,11 +270,13 @@ class UpgradeForm(forms.Form):
             for k in ("max_unavailable", "canary_share", "bake_s", "drain_timeout_s")
             if data.get(k) is not None
         }
+        node_settings = {k: data[k] for k in self.NODE_SETTINGS if data.get(k) is not None}
         return {
             "from_package_id": data["from_package"].pk,
             "to_package_id": data["to_package"].pk,
             "model": data.get("model") or None,
             "settings": settings,
+            "node_settings": node_settings,
         }
 
 

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 
 from console import access
 from console.access import role_required
-from console.errors import ConsoleError
+from console.errors import ConsoleError, NotFound
 from console.forms import UpgradeForm
 from console.models import Role
 from console.views import _form_error, _render
@@ -50,7 +50,7 @@ def upgrades(request: HttpRequest) -> HttpResponse:
             try:
                 upgrade = services.upgrade_start(**form.changes())
             except ConsoleError as exc:
-                _form_error(request, form, exc)
+                _form_error(request, form, _at_form_field(exc))
                 status = exc.status
             else:
                 messages.success(
@@ -64,6 +64,14 @@ def upgrades(request: HttpRequest) -> HttpResponse:
         {"page": "upgrades", "upgrades": rows, "form": form, "colours": STATE_COLOURS},
         status=status,
     )
+
+
+def _at_form_field(exc: ConsoleError) -> ConsoleError:
+    """The service's error with its ``field`` as the form names it (``settings.bake_s`` and
+    ``node_settings.threads`` are the form's ``bake_s`` and ``threads``)."""
+    if exc.field:
+        exc.field = exc.field.removeprefix("settings.").removeprefix("node_settings.")
+    return exc
 
 
 @role_required(Role.VIEWER)
@@ -105,14 +113,17 @@ def upgrade_detail(row: Upgrade) -> dict[str, Any]:
 @require_POST
 @role_required(Role.OPERATOR)
 def upgrade_action(request: HttpRequest, upgrade_id: int, action: str) -> HttpResponse:
-    """``POST /upgrades/<id>/<pause|resume|promote|abort>/``."""
+    """``POST /upgrades/<id>/<pause|resume|promote|abort>/``, then back to the upgrade's page
+    with what happened; 404 for an unknown upgrade or action, a refusal (the upgrade's state
+    does not allow it) as the page's error message."""
     act = ACTIONS.get(action)
     if act is None:
-        messages.error(request, f"No action {action!r}.")
-    else:
-        try:
-            act(upgrade_id)
-            messages.success(request, f"Upgrade {upgrade_id}: {action} done.")
-        except ConsoleError as exc:
-            messages.error(request, exc.message)
+        raise Http404(f"No action {action!r} (one of {', '.join(ACTIONS)}).")
+    try:
+        act(upgrade_id)
+        messages.success(request, f"Upgrade {upgrade_id}: {action} done.")
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    except ConsoleError as exc:
+        messages.error(request, exc.message)
     return redirect("console:upgrade", upgrade_id=upgrade_id)
