@@ -75,7 +75,8 @@ def open_gguf(path: Path | str) -> gguf.GGUFReader:
     """A ``GGUFReader`` over ``path`` (memory-mapped, read-only).
 
     Raises ``NotGguf`` when the file cannot be read, does not start with ``b"GGUF"`` (checked
-    on its first 4 bytes before anything else is parsed), or is truncated or damaged."""
+    on its first 4 bytes before anything else is parsed), is truncated or damaged, or declares
+    more metadata keys, array entries or tensors than the reader parses (``MAX_*``)."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:
@@ -91,6 +92,8 @@ def open_gguf(path: Path | str) -> gguf.GGUFReader:
         reader = _Reader(path, "r")
     except _PastEnd as error:
         raise NotGguf(_truncated(size, error.end)) from error
+    except _OverBounds as error:
+        raise NotGguf(f"GGUF not read ({size:,} bytes): {error}") from error
     except Exception as error:  # the reader is a parser of outside data: any failure is the file's
         raise NotGguf(f"damaged GGUF ({size} bytes): {error}") from error
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=reader.data_offset)
@@ -195,16 +198,52 @@ def atomic_path(dst: Path | str, *, mode_from: Path | str | None = None) -> Iter
 # --- reading ---------------------------------------------------------------------------------
 
 
+def _bound(what: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise _OverBounds(f"it declares {count:,} {what}, over the limit of {limit:,}")
+
+
 class _PastEnd(Exception):
     def __init__(self, end: int) -> None:
         super().__init__(end)
         self.end = end
 
 
+# What the reader parses, at most. It builds Python objects per metadata entry and per array
+# element, so a header that declares billions of them costs memory and minutes before anything
+# else can be said. A 262k-token vocabulary (Gemma 3) with its scores and types is ~0.8M array
+# entries; the largest models have a few thousand tensors.
+MAX_METADATA_KEYS = 1 << 16
+MAX_ARRAY_ENTRIES = 1 << 24  # all metadata arrays together
+MAX_TENSORS = 1 << 20
+
+
+class _OverBounds(Exception):
+    """The header declares more than the reader parses (the message says what and the limit)."""
+
+
 class _Reader(gguf.GGUFReader):
     """``GGUFReader`` that says when the file ends before what it reads: every read of the
     reader goes through ``_get``, which otherwise returns a short array that fails later with
-    a numpy message about shapes."""
+    a numpy message about shapes; and that refuses, before parsing them, more metadata keys,
+    array entries or tensors than ``MAX_METADATA_KEYS``, ``MAX_ARRAY_ENTRIES``,
+    ``MAX_TENSORS``."""
+
+    _entries = 0
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        _bound("metadata keys", int(count), MAX_METADATA_KEYS)
+        return super()._build_fields(offs, count)
+
+    def _build_tensor_info(self, offs: int, count: int) -> Any:
+        _bound("tensors", int(count), MAX_TENSORS)
+        return super()._build_tensor_info(offs, count)
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+        if raw_type == _V.ARRAY:  # item type (uint32), then the entry count (uint64)
+            self._entries += int(self._get(orig_offs + 4, np.uint64)[0])
+            _bound("metadata array entries", self._entries, MAX_ARRAY_ENTRIES)
+        return super()._get_field_parts(orig_offs, raw_type)
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
         end = int(offset) + np.dtype(dtype).itemsize * int(count)

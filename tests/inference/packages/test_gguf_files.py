@@ -99,6 +99,41 @@ def test_it_calls_a_cut_off_download_truncated(model, tmp_path):
     )
 
 
+def small_gguf(path: Path, *, keys: int = 0, entries: int = 0) -> Path:
+    writer = gguf.GGUFWriter(path, "llama")
+    for i in range(keys):
+        writer.add_uint32(f"test.key{i}", i)
+    if entries:
+        writer.add_array("test.entries", list(range(entries)))
+    writer.add_tensor("w", np.ones((2, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("bound", "kw", "what"),
+    [
+        ("MAX_ARRAY_ENTRIES", {"entries": 11}, "11 metadata array entries, over the limit of 10"),
+        ("MAX_METADATA_KEYS", {"keys": 11}, "12 metadata keys, over the limit of 10"),
+        ("MAX_TENSORS", {}, "1 tensors, over the limit of 0"),
+    ],
+)
+def test_it_reads_no_more_than_its_bounds_of_a_header(tmp_path, monkeypatch, bound, kw, what):
+    """A header declaring more entries than the reader parses is refused before they are
+    parsed (each costs Python objects: billions would cost the process its memory)."""
+    from inference.packages import gguf_files
+
+    monkeypatch.setattr(gguf_files, bound, 0 if bound == "MAX_TENSORS" else 10, raising=False)
+    path = small_gguf(tmp_path / "m.gguf", **kw)
+    with pytest.raises(NotGguf) as raised:
+        read_facts(path)
+    size = path.stat().st_size
+    assert str(raised.value) == f"GGUF not read ({size:,} bytes): it declares {what}"
+
+
 def test_it_says_a_missing_file_cannot_be_read(tmp_path):
     with pytest.raises(NotGguf, match=r"^cannot read .*missing\.gguf: No such file or directory$"):
         read_facts(tmp_path / "missing.gguf")
