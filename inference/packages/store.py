@@ -209,8 +209,9 @@ class PackageStore:
                 old = path.stat().st_mtime < cutoff
             except OSError:
                 continue
-            if old and self.remove_unused(path.stem, in_use):
+            if old and not in_use(path.stem) and self.remove_unused(path.stem, in_use):
                 removed.append(path)
+        self._sweep_locks()
         for path in sorted((self.root / "incoming").glob("*.part")):
             try:
                 if path.stat().st_mtime < cutoff:
@@ -219,6 +220,21 @@ class PackageStore:
             except OSError:
                 continue
         return removed
+
+    def _sweep_locks(self) -> None:
+        """Remove lock files whose stored file is gone and that nobody holds (a holder that
+        waited on one notices it was unlinked and locks the new one)."""
+        for lock in (self.root / "locks").glob("*/*.lock"):
+            if self.path_for(lock.stem).exists():
+                continue
+            fd = self._lock(lock.stem, exclusive=True)
+            if fd is None:
+                continue
+            try:
+                if not self.path_for(lock.stem).exists():
+                    lock.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
 
     def stored(self, path: Path) -> Stored:
         """A file already in the store (named by its sha256), by its canonical path, held as

@@ -183,3 +183,24 @@ def test_a_failed_import_removes_the_file_it_stored_when_nothing_else_holds_it(h
     with pytest.raises(Conflict, match="m:1 exists with another file"):
         services.package_import_file(path=source, name="m", version="1", source={"kind": "x"})
     assert not list((home / "packages" / "sha256").glob("*/*.gguf"))
+
+
+def test_the_sweep_spares_a_held_file_and_leaves_no_lock_files_behind(tmp_path):
+    from inference.packages.store import PackageStore
+
+    store = PackageStore(tmp_path / "packages")
+    free = store.add_file(tiny_gguf(tmp_path / "a.gguf", seed=1))
+    held = store.add_file(tiny_gguf(tmp_path / "b.gguf", seed=2))
+    free.release()
+    hours_ago = time.time() - 7200
+    for stored in (free, held):
+        os.utime(stored.path, (hours_ago, hours_ago))
+
+    def locks() -> list[str]:
+        return sorted(p.stem for p in (store.root / "locks").glob("*/*.lock"))
+
+    assert store.collect_garbage(lambda sha256: False) == [free.path]
+    assert held.path.exists() and locks() == [held.sha256]
+    held.release()
+    assert store.collect_garbage(lambda sha256: False) == [held.path]
+    assert locks() == []
