@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -99,19 +100,17 @@ class Array:
 
 
 @pytest.fixture
-def array(fleet, monkeypatch) -> Array:
+def array(fleet, monkeypatch) -> Iterator[Array]:
     """The fleet's three nodes as real ``NodeApp``s behind the control plane's HTTP client."""
     monkeypatch.setattr(node_client, "probe", REAL_PROBE)
     array = Array(["n1", "n2", "n3"])
-    monkeypatch.setattr(
-        node_client,
-        "_client",
-        lambda: httpx.Client(transport=httpx.MockTransport(array.handle), trust_env=False),
-    )
+    http = httpx.Client(transport=httpx.MockTransport(array.handle), trust_env=False)
+    monkeypatch.setattr(node_client, "_client", lambda: http)
     policy = RoutingPolicy.load()
     policy.canary_idle_s = 0  # no canary completions: the simulated engine takes none
     policy.save()
-    return array
+    yield array
+    http.close()
 
 
 @pytest.mark.parametrize(
