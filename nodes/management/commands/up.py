@@ -207,6 +207,8 @@ class Command(BaseCommand):
             return
         for line in lines:
             self.stdout.write(line)
+        if lines:
+            self.stdout.flush()  # a pipe (make run | tee) sees each line as it happens
 
     @staticmethod
     def _restart_node(supervisor: Supervisor, name: str) -> None:
