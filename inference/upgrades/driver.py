@@ -183,6 +183,8 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
         if node.state == Node.State.DOWN:
             _fail(upgrade, s, "health", f"{node.node_id} is down: {node.last_probe_error}")
             return
+        if _holds_last_sessions(upgrade, s, node):
+            return
         node_services.node_drain(node_id=node.node_id)
         _move(upgrade, s, "draining", "drained: no new sessions")
     elif s["state"] == "draining":
@@ -204,6 +206,43 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
                     "canary",
                     f"new sessions to {upgrade.to_package.key}: {upgrade.new_share:.0%}",
                 )
+
+
+def _holds_last_sessions(upgrade: Upgrade, s: dict[str, Any], node: Node) -> bool:
+    """True while ``node`` must wait before its drain: no node outside its batch serves the
+    old version any more, every new session goes to the new one, and sessions of the old
+    version active in the last ``RECENT_S`` are pinned there (at most ``drain_timeout_s``).
+    Drained now, they would have no node of their version left and change version
+    mid-session; kept serving, they end on it while no new session joins them."""
+    if upgrade.from_package_id == upgrade.to_package_id or upgrade.new_share < 1.0:
+        return False  # a settings roll keeps the version; a canary still needs old nodes
+    batch = [x["node_id"] for x in upgrade.nodes if x["batch"] == s["batch"]]
+    others = Node.objects.filter(
+        package_id=upgrade.from_package_id, state=Node.State.UP, weight__gt=0
+    ).exclude(node_id__in=batch)
+    if others.exists():
+        return False  # its sessions move to another node of their version
+    recent = timezone.now() - timedelta(seconds=RECENT_S)
+    pinned = SessionRoute.objects.filter(
+        node=node, package_id=upgrade.from_package_id, last_seen_at__gte=recent
+    ).count()
+    if not pinned:
+        return False
+    if "held_since" not in s:
+        s["held_since"] = timezone.now().isoformat()
+        upgrade_event(
+            upgrade,
+            "holding",
+            f"{pinned} recent sessions on {upgrade.from_package.key} are pinned here and no "
+            "other node serves it: drained when they have ended (at most "
+            f"{upgrade.settings['drain_timeout_s']:g} s)",
+            s["node_id"],
+        )
+    held = (timezone.now() - datetime.fromisoformat(s["held_since"])).total_seconds()
+    if held >= upgrade.settings["drain_timeout_s"]:
+        return False
+    s["detail"] = f"waiting for {pinned} sessions on {upgrade.from_package.key} to end"
+    return True
 
 
 def _bake(upgrade: Upgrade, batch: int) -> None:
