@@ -62,6 +62,22 @@ def stored_fields(stored: Stored) -> dict[str, Any]:
 
 
 @transaction.atomic
+def _from_facts(facts: Any) -> dict[str, Any]:
+    """The row fields a GGUF's facts give, with the serving settings it starts with."""
+    return {
+        "quantization": facts.quantization,
+        "architecture": facts.architecture,
+        "parameters": facts.parameters,
+        "context_window": facts.context_length or 2048,
+        "chat_template": facts.chat_template,
+        "chat_template_sha256": facts.chat_template_sha256,
+        "tensor_types": facts.tensor_types,
+        "ctx_per_seq": min(2048, facts.context_length or 2048),
+        "sequences": 8,
+        "sampling": dict(DEFAULT_SAMPLING),
+    }
+
+
 def register(
     *,
     name: str,
@@ -99,17 +115,8 @@ def register(
                 gguf_path=stored_path,
                 sha256=sha256,
                 size_bytes=size_bytes,
-                quantization=facts.quantization,
-                architecture=facts.architecture,
-                parameters=facts.parameters,
-                context_window=facts.context_length or 2048,
-                chat_template=facts.chat_template,
-                chat_template_sha256=facts.chat_template_sha256,
+                **_from_facts(facts),
                 template_source=template_source,
-                tensor_types=facts.tensor_types,
-                ctx_per_seq=min(2048, facts.context_length or 2048),
-                sequences=8,
-                sampling=dict(DEFAULT_SAMPLING),
                 lineage=lineage,
                 parent=parent,
                 build_report=build_report,

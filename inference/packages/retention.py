@@ -10,6 +10,7 @@ delete can take a file that another writer is about to register or another versi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +18,8 @@ from django.db import connection, transaction
 
 from inference.models import ModelPackage
 from inference.packages.store import PackageStore, Stored
+
+log = logging.getLogger(__name__)
 
 
 def sha256_in_use(sha256: str) -> bool:
@@ -40,7 +43,10 @@ def unless_registered(stored: Stored, store: PackageStore) -> Iterator[Stored]:
         yield stored
     except BaseException:
         stored.release()
-        file_unused(store, stored.sha256)
+        try:
+            file_unused(store, stored.sha256)
+        except Exception:  # the database cannot say: keep the file (the sweep decides later)
+            log.warning("kept %s: could not tell whether it is used", stored.path, exc_info=True)
         raise
     if connection.in_atomic_block:
         transaction.on_commit(stored.release)
