@@ -1,7 +1,8 @@
 """Load tests against a real array (control plane, control loop, a node agent with the bundled
 model, on loopback): a short run from the command line, a run from the API in the control
 loop's worker (which proves the target is this control plane before it mints a token),
-stopped, and the console answering during it. States and order are asserted, never timings:
+stopped, and the console answering during it; a worker killed mid-run resumed, and every
+token minted for the run revoked. States and order are asserted, never timings:
 how fast a stop lands is printed by ``bench/loadtest.py``."""
 
 from __future__ import annotations
@@ -166,3 +167,63 @@ def test_a_run_from_the_api_runs_in_a_worker_and_stops_keeping_what_it_measured(
         in (array.home / "logs" / f"loadtest-{run_id}.log").read_text()
     )
     assert array.api("POST", f"/loadtests/{run_id}/stop").status_code == 409
+
+
+def _row(array, sql: str, *args):
+    import sqlite3
+
+    with sqlite3.connect(array.home / "phalanx.sqlite3", timeout=30) as db:
+        return db.execute(sql, args).fetchone()
+
+
+def _tokens(array, run_id: int) -> dict[int, bool]:
+    """``{token id: revoked}`` of every token minted for the run (read from the array's
+    database: no API shows them)."""
+    (minted,) = _row(array, "SELECT minted_tokens FROM inference_loadtestrun WHERE id = ?", run_id)
+    return {
+        i: bool(_row(array, "SELECT revoked FROM inference_apitoken WHERE id = ?", i)[0])
+        for i in json.loads(minted)
+    }
+
+
+def test_a_killed_worker_resumes_and_every_token_minted_for_the_run_dies_with_it(array):
+    import signal
+
+    spec = {
+        "name": "killed-steady",
+        "kind": "steady",
+        "concurrency": 1,
+        "hold_s": 300,
+        "turns": 4,
+        "max_tokens": 8,
+        "max_s": 400,
+    }
+    started = array.api("POST", "/loadtests", json={"spec": spec, "target_url": array.url})
+    assert started.status_code == 201, started.text
+    run_id = started.json()["id"]
+
+    def answering(attempt):
+        run = array.api("GET", f"/loadtests/{run_id}").json()
+        ok = run["state"] == "running" and run["attempts"] == attempt
+        return run if ok and run["live"].get("answered", 0) >= 1 else None
+
+    assert until(lambda: answering(1), timeout=120), array.api("GET", f"/loadtests/{run_id}").json()
+    first = _tokens(array, run_id)
+    assert list(first.values()) == [False]  # one token, minted by the first attempt, valid
+    (pid,) = _row(array, "SELECT pid FROM inference_loadtestrun WHERE id = ?", run_id)
+    os.kill(pid, signal.SIGKILL)
+
+    # the control loop queues it again and a new worker resumes it with a token of its own
+    # (the live figures still show the first attempt's until the new one writes its own)
+    resumed_with_its_own = until(
+        lambda: answering(2) and len(_tokens(array, run_id)) == 2, timeout=180
+    )
+    assert resumed_with_its_own, array.api("GET", f"/loadtests/{run_id}").json()
+    resumed = _tokens(array, run_id)
+    assert len(resumed) == 2 and resumed[next(iter(first))] is True  # the dead one's is revoked
+    assert sorted(resumed.values()) == [False, True]  # the running attempt's still works
+    assert array.api("POST", f"/loadtests/{run_id}/stop").status_code == 200
+    assert until(
+        lambda: array.api("GET", f"/loadtests/{run_id}").json()["state"] == "stopped", timeout=120
+    )
+    assert all(_tokens(array, run_id).values())  # and the stop revoked the second

@@ -142,7 +142,10 @@ def test_session_lengths_are_drawn_uniformly():
     ("text", "words"),
     [
         ("name: d\nsteps: [1]\nturns: " + "[" * 3000 + "]" * 3000, "nested more than 8 levels"),
-        ("name: d\nsteps: [1]\nx: " + "{a: " * 3000 + "1" + "}" * 3000, "nested more than 8 levels"),
+        (
+            "name: d\nsteps: [1]\nx: " + "{a: " * 3000 + "1" + "}" * 3000,
+            "nested more than 8 levels",
+        ),
         ("# padding\n" * 7000, "at most 64,000 characters"),
     ],
     ids=["deep-list", "deep-map", "long"],
