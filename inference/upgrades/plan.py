@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nodes.agent.engine_settings import LIMITS as NODE_SETTING_LIMITS
+
 DEFAULTS: dict[str, float] = {
     "max_unavailable": 1,  # nodes switched at once (a batch)
     "canary_share": 0.25,  # new sessions to the new version while the first batch bakes
@@ -33,15 +35,9 @@ LIMITS: dict[str, tuple[float, float]] = {
 }
 INTEGERS = ("max_unavailable", "min_requests")
 
-# node_settings an upgrade may roll (the keys of ``nodes.agent.switch.SETTINGS``) and their
-# bounds, inclusive; ``ctx_per_seq`` is also at most the package's trained context
-# (``ModelPackage.context_window``). docs/upgrades.md, "Node settings", says why each.
-NODE_SETTING_LIMITS: dict[str, tuple[int, int]] = {
-    "threads": (1, 256),  # decode threads; more than a big server's cores only contend
-    "sequences": (1, 256),  # KV sequences (concurrent sessions) in the node's one context
-    "ctx_per_seq": (256, 131_072),  # tokens per sequence; the smoke chat needs a few hundred
-    "host_ram_mib": (1, 1_048_576),  # idle sessions' KV in host RAM: at most 1 TiB
-}
+# node_settings an upgrade may roll and their bounds, inclusive (``NODE_SETTING_LIMITS``, the
+# node's own ``PUT /package`` check too: ``nodes.agent.engine_settings``); ``ctx_per_seq`` is
+# also at most the package's trained context (``ModelPackage.context_window``).
 
 
 class BadSettings(ValueError):

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.engine.scheduler import Engine, EngineConfig
+from nodes.agent.engine_settings import LIMITS, SETTINGS, bounds_sentence
 
-SETTINGS = ("threads", "sequences", "ctx_per_seq", "host_ram_mib")
 LOAD_TIMEOUT_S = 600.0
 RETIRE_TIMEOUT_S = 900.0  # the old engine's last streams; past it, it is stopped anyway
 
@@ -46,7 +46,9 @@ class SwitchRequest:
 
     @classmethod
     def from_body(cls, body: Any) -> SwitchRequest:
-        """Raises ``SwitchRefused`` naming the field that is wrong."""
+        """Raises ``SwitchRefused`` naming the field that is wrong: a setting must be one of
+        ``SETTINGS``, a whole number within its bounds (``engine_settings.LIMITS``, the same
+        the control plane checks an upgrade's node settings against)."""
         if not isinstance(body, dict):
             raise SwitchRefused("the body must be a JSON object")
         path, package = body.get("model_path"), body.get("package")
@@ -63,8 +65,9 @@ class SwitchRequest:
         for key, value in settings.items():
             if key not in SETTINGS:
                 raise SwitchRefused(f"settings.{key}: not a setting ({', '.join(SETTINGS)})")
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SwitchRefused(f"settings.{key}: a whole number, at least 1")
+            low, high = LIMITS[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise SwitchRefused(f"settings.{key}: {bounds_sentence(key)}")
         if not os.path.isfile(path):
             raise SwitchRefused(f"model_path: no file at {path} on this node")
         return cls(path, package.strip(), sha256.lower(), dict(settings))

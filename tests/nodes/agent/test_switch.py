@@ -61,8 +61,31 @@ def test_bad_switch_requests_are_refused_naming_the_field(node) -> None:
     settings = put(
         node, {"model_path": str(bundled_model_path()), "package": "x", "settings": {"threads": 0}}
     )
-    assert settings.json()["error"]["message"] == "settings.threads: a whole number, at least 1"
+    assert settings.json()["error"]["message"] == "settings.threads: a whole number from 1 to 256"
     assert httpx.put(f"{node.url}/package", json={}).status_code == 401  # only its control plane
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"threads": 257}, "settings.threads: a whole number from 1 to 256"),
+        ({"sequences": 100_000}, "settings.sequences: a whole number from 1 to 256"),
+        ({"ctx_per_seq": 255}, "settings.ctx_per_seq: a whole number from 256 to 131072"),
+        ({"ctx_per_seq": 10**7}, "settings.ctx_per_seq: a whole number from 256 to 131072"),
+        ({"host_ram_mib": 2**21}, "settings.host_ram_mib: a whole number from 1 to 1048576"),
+    ],
+)
+def test_a_setting_out_of_its_bounds_is_refused_as_the_control_plane_would(
+    node, settings, message
+) -> None:
+    """A direct ``PUT /package`` (not through an upgrade) is capped by the same bounds as an
+    upgrade's node settings (``nodes.agent.engine_settings.LIMITS``), and the old engine goes
+    on serving."""
+    body = {"model_path": str(bundled_model_path()), "package": "x", "settings": settings}
+    refused = put(node, body)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == message
+    assert httpx.get(f"{node.url}/package", headers=node.headers).json()["package"] == OLD
 
 
 def test_a_file_that_is_not_what_was_announced_is_not_loaded(node, other_gguf) -> None:
