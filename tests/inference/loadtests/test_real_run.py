@@ -104,6 +104,8 @@ def test_a_short_run_from_the_command_line_reports_every_section(array, tmp_path
     assert report["profiles"]["control_plane"].get("file") == "control_plane.svg", report[
         "profiles"
     ]
+    # the node too: the process on its address holds the credential this array derives for it
+    assert report["profiles"]["node"].get("file") == "node.svg", report["profiles"]
     svg = array.api("GET", f"/loadtests/{headline['run']}/profiles/control_plane.svg")
     assert svg.status_code == 200 and b"<svg" in svg.content[:2000]
 
