@@ -12,6 +12,12 @@ to ``MAX_ATTEMPTS`` times; the steps it had finished keep their records. A stop 
 Claiming: ``queued -> running`` in one conditional UPDATE, by the control loop (which then
 starts the worker) or by ``manage.py loadtest`` running in its own process; each write of a
 worker goes through its ``Claim``, so a worker that was given up cannot write over the next.
+
+Credentials: a run with no token of its own gets one minted by its worker only after the target
+proved it is this control plane (``identity``), recorded on the row (``credentials``); ending
+the run, queuing it again or giving up on it revokes every token on the row. The loop signals
+only a worker it started and has not reaped (its pid cannot have been reused), never a pid
+from the row.
 """
 
 from __future__ import annotations
