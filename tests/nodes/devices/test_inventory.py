@@ -57,7 +57,22 @@ def test_it_reads_an_nvidia_gpu(machine):
         {"name": "NVIDIA L4", "driver_version": "535.161.08", "memory": "23034 MiB"}
     ]
     assert inv["modules"]["loaded"]["nvidia"] == "535.161.08"
-    assert (inv["cpu"]["logical"], inv["cpu"]["physical"]) == (8, 4)
+    assert inv["cpu"] == {
+        "model": "AMD EPYC 9124 16-Core Processor",
+        "arch": "x86_64",
+        "flags": ["avx", "avx2", "bmi2", "f16c", "fma", "fpu"]
+        + ["sse", "sse2", "sse4_1", "sse4_2", "ssse3"],
+        "logical": 8,
+        "physical": 4,
+        "microcode": "0xa10113e",
+    }
+    assert inv["cpu_budget"] == {
+        "affinity": list(range(8)),
+        "cgroup_cpus": None,
+        "cgroup_source": None,
+        "cpus": 8.0,
+    }
+    assert inv["memory"]["total"] == 66_560_000_000
     assert inv["kernel_errors"]["count"] == 2
     assert inv["kernel_errors"]["lines"][0].startswith(
         "NVRM: GPU 0000:41:00.0: RmInitAdapter failed"
@@ -114,13 +129,28 @@ def test_it_says_unknown_for_a_machine_with_nothing(tmp_path):
     assert inv["llama"] == {"text": None, "features": {}, "backends": []}
 
 
-def test_it_reads_this_machine():
+def _proc_cpuinfo(key: str) -> str:
+    with open("/proc/cpuinfo") as cpuinfo:
+        return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith(key))
+
+
+def test_it_reads_this_machine_as_the_kernel_describes_it():
+    """What a person checks against ``/proc/cpuinfo``, ``nproc``, ``free`` and ``uname -r``."""
+    import os
+    import platform
+
+    import psutil
+
     inv = collect(LocalHost())
-    assert inv["cpu"]["flags"] and inv["cpu"]["arch"]
-    assert inv["cpu_budget"]["cpus"] >= 1
-    assert inv["memory"]["total"] > inv["memory"]["available"] > 0
-    assert "CPU" in inv["llama"]["backends"]
-    assert inv["kernel"]["release"]
+    assert inv["cpu"]["model"] == _proc_cpuinfo("model name")
+    assert inv["cpu"]["arch"] == platform.machine()
+    simd = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "amx_tile"}
+    assert simd & set(inv["cpu"]["flags"]) == simd & set(_proc_cpuinfo("flags").split())
+    assert inv["cpu"]["logical"] == os.cpu_count()
+    assert inv["cpu_budget"]["affinity"] == sorted(os.sched_getaffinity(0))
+    assert inv["memory"]["total"] == psutil.virtual_memory().total
+    assert inv["kernel"] == {"release": platform.release()}
+    assert "CPU" in inv["llama"]["backends"]  # the build make installs has no GPU backend
 
 
 def test_it_lists_a_firmware_and_module_change_in_the_diff(machine, machine_copy):
