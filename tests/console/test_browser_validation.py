@@ -53,7 +53,14 @@ def array(tmp_path_factory) -> Iterator[ShellArray]:
         yield array
 
 
-DRAWN_BARS = "() => document.querySelectorAll('#bench-chart .barlayer .trace').length"
+DRAWN_BARS = "() => document.querySelectorAll('#bench-chart .barlayer .point').length"
+PLOTTED = "() => document.getElementById('bench-chart').data.map(t => [t.name, t.x, t.y])"
+LABELS = [
+    "Memory bandwidth (GB/s)",
+    "Prompt processing (tok/s)",
+    "Decode, 1 sequence (tok/s)",
+    "Decode, 8 sequences (tok/s)",
+]
 
 
 def test_the_pages_show_status_report_diff_and_follow_validate_now(page_as, array):
@@ -77,7 +84,12 @@ def test_the_pages_show_status_report_diff_and_follow_validate_now(page_as, arra
     figures = page.locator("#bench-figures").get_by_role("row").filter(has_text="Decode, 8")
     expect(figures).to_contain_text("300.0 tok/s")
     expect(figures).to_contain_text("200.0 tok/s")  # the pool: node-02
-    page.wait_for_function(f"({DRAWN_BARS})() == 2")
+    page.wait_for_function(f"({DRAWN_BARS})() == 8")  # 4 figures, this node and the pool
+    # the values plotted: this node's last run beside the pool (node-02 alone, 200 tok/s)
+    assert page.evaluate(PLOTTED) == [
+        ["this node", LABELS, [12.0, 2000.0, 90.0, 300.0]],
+        ["pool median", LABELS, [12.0, 2000.0, 90.0, 200.0]],
+    ]
     history = page.locator("#validation-history tbody tr").first
     expect(history).to_contain_text("Inventory changed")
     expect(history).to_contain_text("firmware.bios_version: 2.3.5 → 2.4.1")
