@@ -15,9 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.audit import acting_as
+from console.commands import ArrayCommand
 from console.errors import ConsoleError
 from inference.loadtests import services
 from inference.loadtests.jobs import loadtest_execute
@@ -26,7 +27,7 @@ from inference.loadtests.scenario import MAX_YAML_CHARS
 from inference.management.commands.loadtestjob import quiet_clients, stop_on_signal
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Run a load-test scenario (stored, built in, or from a YAML file); print JSON."
 
     def add_arguments(self, parser) -> None:
@@ -40,7 +41,6 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         if bool(options["scenario"]) == bool(options["file"]):
             raise CommandError("name a scenario or give --file (one of them)")
-        _require_migrated()
         with acting_as("cli"):
             try:
                 run = services.loadtest_start(
@@ -83,22 +83,3 @@ class Command(BaseCommand):
             return services.scenario_parse(yaml_text=text).as_spec()
         except ConsoleError as exc:
             raise CommandError(f"{path}: {exc.message}") from exc
-
-
-def _require_migrated() -> None:
-    """``CommandError`` saying what to run first when this database has no load-test tables
-    (``manage.py loadtest`` before ``make run`` / ``manage.py up``), not a traceback."""
-    from django.db import DatabaseError, connection
-
-    from inference.loadtests.models import LoadTestRun
-
-    try:
-        tables = connection.introspection.table_names()
-    except DatabaseError as exc:
-        raise CommandError(f"the database cannot be read ({exc})") from exc
-    if LoadTestRun._meta.db_table not in tables:
-        where = connection.settings_dict.get("NAME")
-        raise CommandError(
-            f"the database {where} is not set up: run `manage.py migrate` (or start the array "
-            "with `manage.py up` / `make run`) first"
-        )

@@ -7,9 +7,10 @@ import logging
 import signal
 import threading
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.audit import acting_as
+from console.commands import ArrayCommand
 from inference.loadtests.jobs import loadtest_execute
 from inference.loadtests.models import LoadTestRun
 
@@ -33,7 +34,7 @@ def stop_on_signal(run_id: int) -> None:
         signal.signal(sig, ask)
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Run one load test to its end (started by the control loop)."
 
     def add_arguments(self, parser) -> None:

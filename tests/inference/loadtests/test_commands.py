@@ -1,18 +1,13 @@
 """``manage.py loadtest`` where its input enters: a target that cannot prove it is this control
-plane is refused naming ``token`` (and sees no credential), a scenario file nested too deep
-names ``yaml``, and a database that was never migrated says what to run first."""
+plane is refused naming ``token`` (and sees no credential), and a scenario file nested too deep
+names ``yaml`` (a database never migrated: tests/console/test_commands.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from tests.inference.loadtests.throwaway import stranger_server
-from tests.support.processes import REPO
 
 
 @pytest.mark.django_db(transaction=True)
@@ -37,18 +32,3 @@ def test_a_scenario_file_nested_too_deep_names_yaml(tmp_path):
     with pytest.raises(CommandError) as caught:
         call_command("loadtest", "--file", str(binary), "--quiet")
     assert str(caught.value).startswith("--file: ")
-
-
-def test_a_database_never_migrated_says_what_to_run_first(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("PHALANX_SQLITE", "DATABASE_URL")}
-    done = subprocess.run(
-        [sys.executable, "manage.py", "loadtest", "ramp-quick", "--quiet"],
-        cwd=REPO,
-        env={**env, "PHALANX_HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode != 0
-    assert "is not set up: run `manage.py migrate`" in done.stderr
-    assert "Traceback" not in done.stderr
