@@ -48,7 +48,10 @@ def _run_wall_s(run: ValidationRun | None) -> float | None:
 
 
 def _last_ended(node: Node) -> ValidationRun | None:
-    return node.validation_runs.filter(state__in=Run.ENDED).order_by("-finished_at").first()
+    """The node's last run that came to a verdict (one that errored may have waited out a
+    timeout: no measure of a run)."""
+    verdicts = (Run.State.PASSED, Run.State.WARNED, Run.State.FAILED)
+    return node.validation_runs.filter(state__in=verdicts).order_by("-finished_at").first()
 
 
 def node_stage(node: Node, open_run: ValidationRun | None) -> NodeStage:
@@ -115,8 +118,9 @@ class Estimate:
 
 
 def validation_estimate(node_ids: Sequence[str]) -> Estimate:
-    """From each node's last finished run (started to finished; else the median of this
-    machine's last runs of any node), scheduled by the control loop's rule."""
+    """From each node's last run that came to a verdict (started to finished; else the
+    median of the array's last 20 such runs of any node), scheduled by the control loop's
+    rule (``schedule_s``)."""
     nodes = list(Node.objects.filter(node_id__in=node_ids).order_by("node_id"))
     recent = [
         w
