@@ -157,6 +157,12 @@ def test_it_rolls_an_upgrade_through_running_agent_sessions(array) -> None:
     assert_all_answered(turns)
     versions = assert_no_session_changed_version(array, upgrade_id, turns, old, new)
     assert set(versions.values()) == {old, new}, "sessions ran on both versions"
+    # the traffic split the page plots saw the canary: both versions active at its share
+    samples = array.api("GET", f"/upgrades/{upgrade_id}/samples").json()
+    assert any(
+        x["new_share"] == share and x["new_sessions"] and x["old_sessions"] for x in samples
+    ), samples
+    assert samples[-1]["new_share"] == 1.0
 
 
 def _wait_routing_sees_the_canary(array, rollout, new_node: str) -> None:
