@@ -12,7 +12,7 @@ one JSON object: ``seconds``, ``goal_ratio`` (seconds over 60), ``status``, the 
 
 ``--compare``: two node agents on this machine, each pinned to its own half of the CPUs (and
 registered with those CPU sets, as ``up`` registers its nodes), validated one after the other
-(the default rule) and both at once (the rule with ``PHALANX_VALIDATIONS_TOGETHER``: disjoint
+(the rule with ``PHALANX_VALIDATIONS_TOGETHER=0``) and both at once (the default rule: disjoint
 CPU sets may overlap), ``--rounds`` times, the mode that goes first alternating. It prints the wall time of each mode
 (both requests to both verdicts) and, per figure, the median over nodes and rounds of the
 parallel runs over the serial ones: 1.0 means the runs did not disturb each other; memory

@@ -3,13 +3,14 @@ step schedules by (``nodes.device_validation.validation_step``). Pure functions 
 data; see docs/validation.md, "Decisions".
 
 Two runs on different machines never disturb each other. Two runs on one machine (every
-loopback address is this machine) run one after the other, unless ``TOGETHER``
-(``$PHALANX_VALIDATIONS_TOGETHER=1``) and both nodes are pinned to CPU sets that are known and
-disjoint (``Node.cpu_set``, the list ``up`` pins each local agent to). A node with no CPU set
-may run anywhere on its machine, so it always runs alone there. Serial is the default because
-two runs at once, each on its own CPU, disturbed each other's figures by a third or more on the
-machine this was measured on (memory bandwidth and the rest of the array are shared):
-``bench/validation.py --compare`` measures a machine, docs/validation.md has the figures.
+loopback address is this machine) may run together when both nodes are pinned to CPU sets
+that are known and disjoint (``Node.cpu_set``, the list ``up`` pins each local agent to), and
+run one after the other otherwise: a node with no CPU set may run anywhere on its machine, so
+it always runs alone there. ``$PHALANX_VALIDATIONS_TOGETHER=0`` (``TOGETHER``) makes every run
+on one machine wait for the others. Measured with ``bench/validation.py --compare`` (figures
+in docs/validation.md): on a quiet machine two runs at once, each on its own CPU, took half
+the wall time and moved each figure by 2 to 5 %, less than decode's own spread between runs;
+on a machine busy with other work they disturbed each other by a third or more.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-TOGETHER = os.environ.get("PHALANX_VALIDATIONS_TOGETHER", "").lower() in ("1", "true", "yes")
+TOGETHER = os.environ.get("PHALANX_VALIDATIONS_TOGETHER", "1").lower() not in ("0", "false", "no")
 
 
 def host_key(address: str) -> str:

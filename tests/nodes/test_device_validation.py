@@ -200,7 +200,7 @@ def run_states() -> dict[str, str]:
 @pytest.mark.parametrize(
     ("allowed", "cpu_sets", "together"),
     [
-        (False, ("0", "1"), False),  # the default: one run per machine, pinned or not
+        (False, ("0", "1"), False),  # PHALANX_VALIDATIONS_TOGETHER=0: one run per machine
         (True, ("", ""), False),  # not pinned: either may use any CPU of the machine
         (True, ("0-1", ""), False),
         (True, ("0-1", "1-2"), False),  # CPU 1 is shared

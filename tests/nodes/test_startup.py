@@ -115,6 +115,7 @@ def test_a_node_restarted_after_ready_is_said_again(nodes):
 
 
 def test_it_estimates_from_the_last_runs_by_the_scheduling_rule(nodes, monkeypatch):
+    monkeypatch.setattr(validation_machines, "TOGETHER", False)
     assert validation_estimate(["node-01", "node-02"]).seconds is None
     assert validation_estimate(["node-01"]).text == (
         "no estimate: no validation has finished on this machine yet"
@@ -134,8 +135,9 @@ def test_it_estimates_from_the_last_runs_by_the_scheduling_rule(nodes, monkeypat
 
 
 def test_the_schedule_runs_each_as_soon_as_the_rule_lets_it(monkeypatch):
+    monkeypatch.setattr(validation_machines, "TOGETHER", False)
     a, b, c = (Placement("loopback", frozenset({cpu})) for cpu in (0, 1, 0))
-    assert schedule_s([10, 20, 5], [a, b, c]) == 35  # one at a time by default
+    assert schedule_s([10, 20, 5], [a, b, c]) == 35  # one at a time
     elsewhere = Placement("10.0.0.2", None)
     assert schedule_s([10, 20], [a, elsewhere]) == 20  # another machine
     monkeypatch.setattr(validation_machines, "TOGETHER", True)
