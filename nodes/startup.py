@@ -10,6 +10,7 @@ proxy will do.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ SERVING, KEPT_OUT, LOADING, VALIDATING, QUEUED, DOWN = (
     "down",
 )
 SETTLED = (SERVING, KEPT_OUT)
+RULE = re.compile(r"([a-z_]+(?:\.[a-z_]+)*): ")
 Run = ValidationRun
 
 
@@ -54,13 +56,22 @@ def _last_ended(node: Node) -> ValidationRun | None:
     return node.validation_runs.filter(state__in=verdicts).order_by("-finished_at").first()
 
 
+def _rules(reason: str) -> str:
+    """The rule names of a run's reason ("cpu.build: ...; numa: ..." -> "cpu.build, numa"):
+    the sentences are on the node's Validation page; the reason itself when it names none."""
+    names = [m.group(1) for part in reason.split("; ") if (m := RULE.match(part))]
+    return ", ".join(dict.fromkeys(names)) or reason[:200]
+
+
 def node_stage(node: Node, open_run: ValidationRun | None) -> NodeStage:
     """The stage of ``node`` (with its open run, if any) and its line."""
     name = node.node_id
     if node.routing_weight > 0 and routing_state(node.state, node.validation) == "up":
         last = _last_ended(node) if node.validation != "waived" else None
         took = f" in {wall:.1f} s" if (wall := _run_wall_s(last)) is not None else ""
-        said = f": {node.validation_reason}" if node.validation == "warned" else ""
+        said = (
+            f" (warnings: {_rules(node.validation_reason)})" if node.validation == "warned" else ""
+        )
         return NodeStage(name, SERVING, f"{name} takes sessions: {node.validation}{took}{said}")
     if node.state == Node.State.DRAINING or (node.validation == "failed" and open_run is None):
         why = "draining" if node.state == Node.State.DRAINING else node.validation_reason

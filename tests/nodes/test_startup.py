@@ -77,10 +77,11 @@ def test_it_says_ready_only_once_every_node_takes_sessions(nodes):
     ]
     ValidationRun.objects.filter(state="queued").delete()
     ran("node-02", "warned", seconds=11.5)
-    set_node("node-02", validation="warned", validation_reason="cpu.build: rebuild")
+    reason = "cpu.build: the CPU has avx512f (AVX512) but ...; numa: spans NUMA nodes 0, 1"
+    set_node("node-02", validation="warned", validation_reason=reason)
     clock.now = 125.0
     assert watch.poll() == [
-        "node-02 takes sessions: warned in 11.5 s: cpu.build: rebuild",
+        "node-02 takes sessions: warned in 11.5 s (warnings: cpu.build, numa)",
         "ready: new sessions are placed on all 2 nodes (node-01, node-02), 25 s after the "
         f"models loaded; OpenAI base URL: {BASE}/v1",
     ]
