@@ -12,17 +12,18 @@ from __future__ import annotations
 import json
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console import services
 from console.audit import acting_as
+from console.commands import ArrayCommand
 from console.errors import ConsoleError
 from nodes.api_validation import ValidationRunOut, _run_out
 from nodes.device_validation import validation_wait
 from nodes.models import ValidationRun
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Validate a node's devices now (inventory, benchmarks, compatibility matrix)."
 
     def add_arguments(self, parser) -> None:
