@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from tests.support.processes import REPO, free_port
@@ -91,3 +92,42 @@ def test_up_says_ready_only_once_every_node_takes_sessions(tmp_path):
     assert "not ready yet: a node takes sessions once its devices are validated" in log
     assert "Went down" not in log and "went down" not in log, log
     assert "all processes stopped" in log
+
+
+def test_it_stops_cleanly_on_ctrl_c_and_sigterm_together(tmp_path):
+    """Ctrl-C in a terminal running ``make run`` and a SIGTERM passed on right after (make,
+    a service manager): one line, no traceback, exit status 0, and no child left behind."""
+    (tmp_path / "models").symlink_to(REPO / "var" / "models")
+    port = free_port()
+    env = {**os.environ, "PHALANX_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+    env.pop("PHALANX_SQLITE", None)
+    up = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--nodes", "1", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(up.stdout, lines), daemon=True).start()
+    seen: list[str] = []
+    try:
+        _read_until(lines, "Ctrl-C stops everything.", seen, timeout=300)
+        children = [c.pid for c in psutil.Process(up.pid).children()]
+        up.send_signal(signal.SIGINT)
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(60)
+        stderr = up.stderr.read()
+        while not lines.empty():
+            seen.append(lines.get())
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert seen[-1] == "all processes stopped", seen
+    assert len(children) == 3 and not [p for p in children if psutil.pid_exists(p)]

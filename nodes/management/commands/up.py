@@ -39,12 +39,22 @@ from nodes.services import node_record_restart
 from nodes.startup import StartupWatch, validation_estimate
 
 
-class _Stop(Exception):
-    pass
+class _Stop(BaseException):
+    """Ctrl-C or SIGTERM: stop the array. A BaseException, so no ``except Exception`` on
+    the way (a database call, a restart) swallows it."""
+
+
+_stopping: list[int] = []  # the signals received: only the first one stops the array
 
 
 def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop()
+    """The first SIGINT/SIGTERM stops the array; any that follow (a second Ctrl-C, ``make``
+    passing SIGTERM on while the terminal sent SIGINT) are noted and do nothing, so the stop
+    runs to its end and exits 0 (the handler stays installed: replacing it here, with a
+    signal pending, makes Python print "ignored due to race condition")."""
+    _stopping.append(signum)
+    if len(_stopping) == 1:
+        raise _Stop()
 
 
 def _start_nodes(supervisor: Supervisor, result) -> None:
@@ -87,6 +97,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
+        _stopping.clear()
+        signal.signal(signal.SIGTERM, _raise_stop)
+        signal.signal(signal.SIGINT, _raise_stop)
+        try:
+            self._run(**options)
+        except _Stop:  # stopped before anything was started (migrating, bootstrapping)
+            self.stdout.write("stopped")
+
+    def _run(self, **options) -> None:
+        """Start the array and watch it until a signal or a core process exits."""
         port, host = options["port"], options["host"]
         node_port = options["node_port"] or port + 1
         taken = ports_taken(
@@ -106,8 +126,6 @@ class Command(BaseCommand):
         node_ids = [n.node_id for n in result.nodes]
         nodes_mark_starting(node_ids)  # the rows are a previous process's: not up, not validated
         supervisor = Supervisor()
-        signal.signal(signal.SIGTERM, _raise_stop)
-        signal.signal(signal.SIGINT, _raise_stop)
         code = 0
         try:
             # load tests send their traffic to this control plane (settings.LOADTEST_TARGET_URL)
@@ -130,10 +148,9 @@ class Command(BaseCommand):
             self.stdout.write("Ctrl-C stops everything.")
             code = self._watch(supervisor, startup=StartupWatch(node_ids, base_url=base))
         except _Stop:
-            self.stdout.write("stopping…")
+            pass  # a clean stop says one line, below, and exits 0
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _stopping.append(0)  # from here on a signal does not interrupt the stop
             supervisor.stop(timeout=options["stop_timeout"])
             self.stdout.write("all processes stopped")
         if code:
