@@ -20,6 +20,7 @@ from inference.models import (
     RoutingPolicy,
     SessionRoute,
 )
+from inference.selectors import served_models
 from nodes.models import Node, NodeEvent
 
 
@@ -87,18 +88,20 @@ def gguf_facts(path: str) -> GgufFacts:
 
 
 def packages_with_use() -> list[ModelPackage]:
-    """Every package with ``node_count``, ``up_count`` and ``sequence_limit`` (the fewest
+    """Every package with ``node_count``, ``up_count`` (nodes taking traffic on it: the one
+    count, ``inference.selectors.node_takes_traffic``) and ``sequence_limit`` (the fewest
     tokens a sequence holds on its up nodes, prompt plus output; None until a node reported
     it) annotated, by name then newest."""
     packages = list(
-        ModelPackage.objects.annotate(
-            node_count=Count("nodes", distinct=True),
-            up_count=Count("nodes", filter=Q(nodes__state=Node.State.UP), distinct=True),
-        ).order_by("name", "-created_at")
+        ModelPackage.objects.annotate(node_count=Count("nodes", distinct=True)).order_by(
+            "name", "-created_at"
+        )
     )
     limits = sequence_limits()
+    up = {v.package_id: v.up for m in served_models() for v in m.versions}
     for package in packages:
         package.sequence_limit = limits.get(package.pk)  # type: ignore[attr-defined]
+        package.up_count = up.get(package.pk, 0)  # type: ignore[attr-defined]
     return packages
 
 

@@ -510,7 +510,7 @@ def playground(request: HttpRequest) -> HttpResponse:
         "console/playground.html",
         {
             "page": "playground",
-            "packages": selectors.packages_with_use(),
+            "models": selectors.served_models(),
             "session_id": f"playground-{uuid.uuid4().hex[:12]}",
         },
     )

@@ -6,7 +6,8 @@ Client -> server: ``{"type": "user", "content": "..."}`` (``{"message": ...}`` a
 ``seed``, ``stop``, and ``tools`` / ``tool_choice`` (OpenAI's shapes; a message without
 ``tools`` uses the last ones this connection sent, ``tool_choice`` applies to its own turn). Server -> client: ``{"type": "delta", "content"}``
 per token; ``{"type": "tool_call", "id", "name", "arguments"}`` for each call the model makes;
-then ``{"type": "done", "node": "node-01", "content": full reply, "tool_calls", "finish_reason",
+then ``{"type": "done", "node": "node-01", "model": family, "package": "name:version" that
+served, "content": full reply, "tool_calls", "finish_reason",
 "usage", "timings"}``; or ``{"type": "error", "message", "code", "param"}``. One turn at a time
 per connection. Each turn is validated as the REST proxy validates a request.
 
@@ -61,18 +62,19 @@ def _authenticate(scope: dict[str, Any]) -> str:
 
 @sync_to_async
 def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, Any]]]:
-    """The package name to use and the messages to send: the transcript plus the new one."""
+    """The client-facing name to use (``lookups.model_for_request``: the family) and the
+    messages to send: the transcript plus the new one."""
     name = turn.model or services.session_package_name(session_id=session_id)
     if name is None:
         default = selectors.package_default()
         if default is None:
             raise NoHealthyNode("No model package is registered.", retry_after=5)
         name = selectors.served_name(default)
-    package = lookups.package_for_model(name)
+    model = lookups.model_for_request(name)
     history = services.transcript_get(session_id=session_id)
     if turn.message["role"] == "tool":
         _check_answers_a_call(history, turn.message["tool_call_id"])
-    return package.name, [*history, turn.message]
+    return model, [*history, turn.message]
 
 
 def _check_answers_a_call(history: list[dict[str, Any]], call_id: str) -> None:
@@ -217,6 +219,8 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         done: dict[str, Any] = {
             "type": "done",
             "node": upstream.node_id,
+            "model": upstream.payload.get("model"),
+            "package": upstream.package,
             "usage": None,
             "timings": None,
             "finish_reason": None,

@@ -1,4 +1,4 @@
-"""Cached reads for the proxy's hot path: API token -> caller, model -> package, routing policy,
+"""Cached reads for the proxy's hot path: API token -> caller, model -> client-facing name, routing policy,
 sessions pinned per node.
 
 Every request through ``/v1/`` and every websocket turn needs all three; read from the database
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from django.db.models.signals import post_delete, post_save
 
 from console.bare_http import db_thread
-from inference import services
+from inference import model_names, services
 from inference.models import ApiToken, ModelPackage, RoutingPolicy
 from nodes import selectors
 from nodes.selectors import PinnedCounts
@@ -67,8 +67,8 @@ def _token(raw: str) -> tuple[str, str, Callable[[], str]]:
     return "token", key, lambda: services.token_authenticate(raw=raw)
 
 
-def _package(model: str) -> tuple[str, str, Callable[[], ModelPackage]]:
-    return "package", model, lambda: services.package_resolve(model=model)
+def _model_lookup(model: str) -> tuple[str, str, Callable[[], str]]:
+    return "model", model, lambda: model_names.model_resolve(model=model)
 
 
 def caller_for_token(raw: str | None) -> str:
@@ -82,14 +82,15 @@ async def acaller_for_token(raw: str | None) -> str:
     return await _acached(*_token(raw)) if raw else services.token_authenticate(raw=raw)
 
 
-def package_for_model(model: str) -> ModelPackage:
-    """``services.package_resolve``, cached by the ``model`` string."""
-    return _cached(*_package(model))
+def model_for_request(model: str) -> str:
+    """``model_names.model_resolve`` (the client-facing name a request's ``model`` asks
+    for), cached by the ``model`` string. Raises ``UnknownModel``."""
+    return _cached(*_model_lookup(model))
 
 
-async def apackage_for_model(model: str) -> ModelPackage:
-    """``package_for_model`` for async callers."""
-    return await _acached(*_package(model))
+async def amodel_for_request(model: str) -> str:
+    """``model_for_request`` for async callers."""
+    return await _acached(*_model_lookup(model))
 
 
 async def arouting_policy() -> RoutingPolicy:
@@ -103,12 +104,13 @@ ROLLOUT_TTL_S = 2.0  # an upgrade's share changes reach routing within this
 def _rollouts() -> dict[str, Any]:
     from inference.upgrades.services import active_rollouts
 
-    return active_rollouts()
+    # an upgrade's model is the name its nodes are served as; clients ask for its family
+    return {model_names.family_of(m): r for m, r in active_rollouts().items()}
 
 
 def rollout_for(model: str) -> Any:
-    """The ``routing.Rollout`` of an upgrade of ``model`` under way, or None (cached
-    ``ROLLOUT_TTL_S`` seconds)."""
+    """The ``routing.Rollout`` of an upgrade of ``model`` (a client-facing name) under way,
+    or None (cached ``ROLLOUT_TTL_S`` seconds)."""
     return _cached("rollouts", "", _rollouts, ROLLOUT_TTL_S).get(model)
 
 

@@ -164,6 +164,7 @@ async def _open_first(
     body: dict[str, Any],
     session_id: str | None,
     policy: RoutingPolicy,
+    answer_as: tuple[str, str] | None = None,
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
     """Send the request and read up to the first body bytes (or the whole body of a 5xx, a 429,
     a 401 or a 403, returned with no iterator: ``_refused`` judges those)."""
@@ -174,6 +175,7 @@ async def _open_first(
         session_id=session_id,
         connect_timeout=policy.connect_timeout_s,
         read_timeout=policy.request_timeout_s,
+        answer_as=answer_as,
     )
     try:
         if response.status_code >= 500 or response.status_code in REFUSALS:
@@ -285,7 +287,9 @@ async def upstream_open(
     session_id: str | None,
     policy: RoutingPolicy | None = None,
 ) -> Upstream:
-    """Route ``payload`` (an OpenAI chat body) for package ``model`` and open the node's answer.
+    """Route ``payload`` (an OpenAI chat body) for ``model`` (a client-facing name:
+    ``lookups.model_for_request``) and open the node's answer, which reports ``model`` and the
+    version that serves it (``Upstream.package``).
 
     Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
     most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
@@ -323,7 +327,13 @@ async def upstream_open(
             policy=policy,
         )
         upstream = await _attempt(
-            target, held, payload=payload, session_id=session_id, policy=policy, exclude=exclude
+            target,
+            held,
+            payload=payload,
+            model=model,
+            session_id=session_id,
+            policy=policy,
+            exclude=exclude,
         )
         if upstream is not None:
             return upstream
@@ -339,6 +349,7 @@ async def _attempt(
     held: Any,
     *,
     payload: dict[str, Any],
+    model: str,
     session_id: str | None,
     policy: RoutingPolicy,
     exclude: dict[str, str],
@@ -363,6 +374,7 @@ async def _attempt(
                 body={**payload, "model": target.model},
                 session_id=session_id,
                 policy=policy,
+                answer_as=(model, target.package) if target.package else None,
             ),
             check_every_s=max(0.2, policy.health_interval_s / 2),
             deadline=_deadline(target, payload, policy),
@@ -391,6 +403,7 @@ async def _attempt(
         recorded,
         payload,
         session_id,
+        target.package,
     )
 
 

@@ -114,6 +114,7 @@ class Upstream:
     recorded: asyncio.Future[None] | None = None
     payload: dict[str, Any] = field(default_factory=dict)
     session_id: str | None = None
+    package: str | None = None  # name:version the node serves (X-Phalanx-Package)
     record_scheduled: bool = False
     released: bool = False
 

@@ -62,7 +62,7 @@ class NodeView:
     state: str  # "up" | "down" | "draining" | "unknown"
     weight: float
     load: float | None
-    model: str | None  # name of the package it serves
+    model: str | None  # the name clients ask for (its family: inference.model_names)
     sessions: int = 0
     affinity: bool = True
     total: float | None = None

@@ -2,8 +2,86 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from inference.model_names import client_name, package_key
 from inference.models import ModelPackage, SessionRoute
 from nodes.models import Node
+
+
+def node_takes_traffic(node: Node) -> bool:
+    """The one meaning of "up" in every count of nodes per model (Playground, ``/v1/models``,
+    the packages page): ``up``, device validation passed, warned or waived, weight > 0 (what
+    routing may send a new session to)."""
+    return node.state == Node.State.UP and node.validated and node.weight > 0
+
+
+@dataclass
+class ServedVersion:
+    """One package version under a client-facing name: ``package`` ``name:version``, ``up``
+    nodes taking traffic on it, ``nodes`` in all."""
+
+    package: str
+    package_id: int
+    up: int = 0
+    nodes: int = 0
+
+
+@dataclass
+class ServedModel:
+    """A name clients ask for (a family, ``inference.model_names``): ``up`` nodes taking
+    traffic, its ``versions`` (newest first), ``created`` (s, its newest version's) and
+    ``sequence_limit`` (tokens a sequence holds on its up nodes, the fewest; None until
+    reported)."""
+
+    name: str
+    up: int = 0
+    created: int = 0
+    sequence_limit: int | None = None
+    versions: list[ServedVersion] = field(default_factory=list)
+
+    @property
+    def serving(self) -> str:
+        """The versions taking traffic, as a person reads them: ``"m-q4_k_m:1 on 2"``."""
+        return ", ".join(f"{v.package} on {v.up}" for v in self.versions if v.up)
+
+
+def served_models() -> list[ServedModel]:
+    """Every client-facing name some node is served under, by name, with its versions and
+    up counts (``node_takes_traffic``). One read of the nodes with their packages."""
+    models: dict[str, ServedModel] = {}
+    versions: dict[tuple[str, int], ServedVersion] = {}
+    nodes = Node.objects.filter(package__isnull=False).select_related("package")
+    for node in sorted(nodes, key=lambda n: -n.package.created_at.timestamp()):
+        package = node.package
+        name = client_name(
+            served_name=node.served_name, package_name=package.name, family=package.family
+        )
+        model = models.setdefault(
+            name, ServedModel(name, created=int(package.created_at.timestamp()))
+        )
+        version = versions.get((name, package.pk))
+        if version is None:
+            version = versions[(name, package.pk)] = ServedVersion(
+                package_key(package.name, package.version) or "", package.pk
+            )
+            model.versions.append(version)
+        version.nodes += 1
+        if node_takes_traffic(node):
+            version.up += 1
+            model.up += 1
+            model.sequence_limit = _fewest(model.sequence_limit, node.last_seen_load)
+    return [models[name] for name in sorted(models)]
+
+
+def _fewest(limit: int | None, load: object) -> int | None:
+    """``limit`` or the node's tokens a sequence (KV capacity over sequences), the fewer."""
+    capacity = load.get("kv_capacity") if isinstance(load, dict) else None
+    total = load.get("total") if isinstance(load, dict) else None
+    if not (capacity and total):
+        return limit
+    mine = int(capacity // total)
+    return mine if limit is None else min(limit, mine)
 
 
 def packages_served() -> list[tuple[str, ModelPackage]]:

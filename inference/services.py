@@ -133,8 +133,9 @@ DECISION_LOG_LENGTH = 50  # decisions kept per session, newest last
 
 @dataclass(frozen=True)
 class RouteTarget:
-    """Where to send one attempt of a request: node id and address, the package name the node
-    serves (sent as ``model``), and the routing decision. ``kv_source`` is the address of the
+    """Where to send one attempt of a request: node id and address, the name the node agent
+    answers to (sent as ``model``), the routing decision and ``package``, the ``name:version``
+    it serves. ``kv_source`` is the address of the
     node a moving session leaves when that node is still reachable (draining, or up and
     overloaded), so the proxy can carry the session's KV over instead of prefilling again.
     ``record`` is what ``route_record`` must write (None for a request without a session)."""
@@ -146,6 +147,7 @@ class RouteTarget:
     kv_source: str | None = None
     record: RouteWrite | None = None
     prefill_speed: float | None = None  # the node's, tokens/s (first-byte deadline)
+    package: str | None = None  # name:version the node serves (reported with the answer)
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,8 @@ def route_plan(
     now: datetime | None = None,
     rollout: Rollout | None = None,
 ) -> RouteTarget:
-    """Decide where a request for package ``model`` goes, without touching the database.
+    """Decide where a request for ``model`` (a client-facing name: ``model_names``) goes,
+    without touching the database.
 
     A session stays on the package version it is on (``row.package_id``) while a node of
     that version can take it; a new one, while an upgrade of ``model`` runs (``rollout``),
@@ -250,9 +253,10 @@ def route_plan(
         return RouteTarget(
             decision.node_id,
             table.addresses[decision.node_id],
-            model,
+            table.node_names.get(decision.node_id) or model,
             decision,
             prefill_speed=table.prefill_speed(decision.node_id),
+            package=table.package_keys.get(decision.node_id),
         )
     now = now or timezone.now()
     pin = _session_pin(row, now=now, cooldown_s=policy.move_cooldown_s)
@@ -287,11 +291,12 @@ def route_plan(
     return RouteTarget(
         decision.node_id,
         table.addresses[decision.node_id],
-        model,
+        table.node_names.get(decision.node_id) or model,
         decision,
         kv_source=kv_source,
         record=record,
         prefill_speed=table.prefill_speed(decision.node_id),
+        package=table.package_keys.get(decision.node_id),
     )
 
 
@@ -558,9 +563,10 @@ def transcript_append(*, session_id: str, messages: list[dict[str, Any]]) -> int
 
 
 def session_package_name(*, session_id: str) -> str | None:
-    """The name the session's model is asked for by (the served name of its package version,
+    """The client-facing name of the session's model (the family its nodes are served as,
     which an upgrade keeps), or None for a new session."""
+    from inference.model_names import family_of
     from inference.selectors import served_name
 
     route = SessionRoute.objects.filter(session_id=session_id).select_related("package").first()
-    return served_name(route.package) if route and route.package else None
+    return family_of(served_name(route.package)) if route and route.package else None

@@ -19,6 +19,7 @@ from inference.relay import sse_passthrough
 from inference.validation import check_chat_body, parse_json_object, session_key
 
 NODE_HEADER = "X-Phalanx-Node"
+PACKAGE_HEADER = "X-Phalanx-Package"
 
 
 def error_response(exc: ProxyError) -> JsonResponse:
@@ -38,14 +39,15 @@ async def _authenticate(request: HttpRequest) -> str:
 async def _prepare_chat(
     request: HttpRequest,
 ) -> tuple[dict[str, Any], str, str | None, RoutingPolicy]:
-    """Authenticate, validate, resolve the model and the session key. Token, package and
+    """Authenticate, validate, resolve the model (to its client-facing name: the family) and
+    the session key. Token, package and
     policy come from ``inference.lookups``: no thread hop while they are cached."""
     await _authenticate(request)
     body = check_chat_body(parse_json_object(request.body))
-    package = await lookups.apackage_for_model(body["model"])
+    model = await lookups.amodel_for_request(body["model"])
     policy = await lookups.arouting_policy()
     key = session_key(request.headers, header=policy.session_header)
-    return body, package.name, key, policy
+    return body, model, key, policy
 
 
 @csrf_exempt
@@ -53,7 +55,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     """OpenAI chat completion through the array; ``stream: true`` relays the node's SSE.
 
     Headers in: ``Authorization: Bearer <token>``, the session header (default
-    ``X-Session-Id``). Out: ``X-Phalanx-Node`` names the node that answered.
+    ``X-Session-Id``). Out: ``X-Phalanx-Node`` names the node that answered,
+    ``X-Phalanx-Package`` the ``name:version`` that served (also the answer's
+    ``system_fingerprint``; its ``model`` is the family).
     """
     try:
         if request.method != "POST":
@@ -79,6 +83,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         else:
             response = HttpResponse(content, status=upstream.status, content_type=content_type)
     response[NODE_HEADER] = upstream.node_id
+    if upstream.package:
+        response[PACKAGE_HEADER] = upstream.package
     if key:
         response["X-Session-Id"] = key
     return response
@@ -86,30 +92,28 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 async def models_list(request: HttpRequest) -> HttpResponse:
-    """OpenAI model list of the packages served by healthy nodes:
-    ``{"object": "list", "data": [{"id": name, "object": "model", "created": s, "owned_by"}]}``."""
+    """OpenAI model list of what clients can ask for now (``selectors.served_models``):
+    ``{"object": "list", "data": [{"id": family, "object": "model", "created": s,
+    "owned_by", "up": nodes, "versions": [{"package": "name:version", "up": nodes}]}]}``."""
     try:
         if request.method != "GET":
             raise MethodNotAllowed("Use GET for /v1/models.")
         await _authenticate(request)
     except ProxyError as exc:
         return error_response(exc)
-    served = await db_thread(selectors.packages_served)()
-    seen: set[str] = set()
-    data = []
-    for name, package in served:
-        if name in seen:
-            continue
-        seen.add(name)
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "owned_by": "phalanx",
-                "created": int(package.created_at.timestamp()),
-                "version": package.version,
-            }
-        )
+    served = await db_thread(selectors.served_models)()
+    data = [
+        {
+            "id": model.name,
+            "object": "model",
+            "owned_by": "phalanx",
+            "created": model.created,
+            "up": model.up,
+            "versions": [{"package": v.package, "up": v.up} for v in model.versions],
+        }
+        for model in served
+        if model.up
+    ]
     return JsonResponse({"object": "list", "data": data})
 
 

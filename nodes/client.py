@@ -135,11 +135,14 @@ async def chat_open(
     session_id: str | None,
     connect_timeout: float,
     read_timeout: float,
+    answer_as: tuple[str, str] | None = None,
 ) -> httpx.Response:
     """POST ``payload`` to the node's ``/v1/chat/completions`` and return the response with its
     body still unread (stream it with ``aiter_raw``; always ``chat_close`` it).
 
-    ``X-Session-Id: <session_id>`` is sent when given. Raises ``httpx.TransportError`` when the
+    ``X-Session-Id: <session_id>`` is sent when given; ``answer_as`` ``(model, name:version)``
+    as ``X-Phalanx-Model`` / ``X-Phalanx-Package``, which the answer reports (``model``,
+    ``system_fingerprint``). Raises ``httpx.TransportError`` when the
     node cannot be reached or sends no headers within ``read_timeout`` seconds.
     """
     headers = {
@@ -149,6 +152,8 @@ async def chat_open(
     }
     if session_id:
         headers["X-Session-Id"] = session_id
+    if answer_as:
+        headers["X-Phalanx-Model"], headers["X-Phalanx-Package"] = answer_as
     timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
     client = async_client()
     request = client.build_request(

@@ -12,6 +12,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from console.compiled_sql import CompiledQuery, as_datetime, as_json
+from inference.model_names import client_name, package_key
 from inference.models import SessionRoute
 from inference.routing import NodeView
 from nodes.models import Node, effective_weight
@@ -57,6 +58,8 @@ class NodeTable:
     addresses: dict[str, str] = field(default_factory=dict)
     package_ids: dict[str, int | None] = field(default_factory=dict)
     pinned_read_at: float = 0.0
+    node_names: dict[str, str | None] = field(default_factory=dict)  # what each node answers to
+    package_keys: dict[str, str | None] = field(default_factory=dict)  # name:version it serves
 
     def prefill_speed(self, node_id: str) -> float | None:
         """The node's measured prefill speed (tokens/s), None when unknown."""
@@ -96,6 +99,8 @@ _NODE_FIELDS = (
     "address",
     "package_id",
     "package__name",
+    "package__version",
+    "package__family",
     "served_name",
     "last_probe_at",
     "last_seen_load",
@@ -117,6 +122,9 @@ def nodes_for_routing(
     pinned: PinnedCounts | None = None,
 ) -> NodeTable:
     """Every node as a routing ``NodeView``, with addresses and package ids (``NodeTable``).
+    A view's ``model`` is the name clients ask for (``inference.model_names.client_name``: the
+    family); ``node_names`` what the node agent itself answers to, ``package_keys`` the
+    ``name:version`` it serves.
 
     A load older than ``stale_after_s`` seconds (no recent probe) counts as unknown, so a
     silent node is never taken for idle. ``sessions`` counts the routes pinned to each node
@@ -128,6 +136,8 @@ def nodes_for_routing(
     views: list[NodeView] = []
     addresses: dict[str, str] = {}
     package_ids: dict[str, int | None] = {}
+    node_names: dict[str, str | None] = {}
+    package_keys: dict[str, str | None] = {}
     open_requests = inflight or {}
     for row in _node_rows.rows():
         node = dict(zip(_NODE_FIELDS, row, strict=True))
@@ -142,7 +152,11 @@ def nodes_for_routing(
                     node["weight"], node["measured_speed"], bool(node["weight_measured"])
                 ),
                 load=_number(seen, "load"),
-                model=node["served_name"] or node["package__name"],
+                model=client_name(
+                    served_name=node["served_name"],
+                    package_name=node["package__name"],
+                    family=node["package__family"],
+                ),
                 sessions=pinned.counts.get(node_id, 0),
                 affinity=bool(node["affinity"]),
                 total=_number(seen, "total"),
@@ -157,4 +171,6 @@ def nodes_for_routing(
         )
         addresses[node_id] = node["address"]
         package_ids[node_id] = node["package_id"]
-    return NodeTable(views, addresses, package_ids, pinned.read_at)
+        node_names[node_id] = node["served_name"] or node["package__name"]
+        package_keys[node_id] = package_key(node["package__name"], node["package__version"])
+    return NodeTable(views, addresses, package_ids, pinned.read_at, node_names, package_keys)

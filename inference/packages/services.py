@@ -24,6 +24,8 @@ from django.utils import timezone
 
 from console.audit import audit_record
 from console.errors import Conflict, ConsoleError, Invalid, NotFound
+from inference.model_names import QUANT_SUFFIX as QUANT_SUFFIX
+from inference.model_names import family_of as family_of
 from inference.models import ModelPackage, PackageJob, PackagePolicy
 from inference.packages import gate as gates
 from inference.packages.import_paths import (
@@ -41,7 +43,6 @@ from inference.packages.store import PackageStore, Stored
 __all__ = ["check_import_path", "unless_registered"]  # re-exported: callers import them here
 
 Status = ModelPackage.Status
-QUANT_SUFFIX = re.compile(r"[-_.](q\d(_[0-9a-z]+)*|f16|f32|bf16|iq\d\w*)$", re.IGNORECASE)
 
 
 class BadFile(ConsoleError):
@@ -70,12 +71,6 @@ def package_get(package_id: int) -> ModelPackage:
     if package is None:
         raise NotFound(f"No package {package_id}.", code="package_not_found")
     return package
-
-
-def family_of(name: str) -> str:
-    """``smollm2-135m-instruct-q4_1`` -> ``smollm2-135m-instruct``: the name without a
-    quantization suffix."""
-    return QUANT_SUFFIX.sub("", name) or name
 
 
 def next_version(name: str) -> str:

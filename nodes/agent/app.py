@@ -81,6 +81,8 @@ class Serving:
     engine: Engine
     identity: Any
     outcomes: Outcomes | None
+    answer_model: str | None = None  # X-Phalanx-Model: the client-facing name (family)
+    answer_package: str | None = None  # X-Phalanx-Package: name:version the proxy routed to
 
 
 @dataclass
@@ -247,6 +249,11 @@ class NodeApp:
             )
         if header(scope, "x-phalanx-probe") == "1":  # a control-plane check, not traffic
             serving = dataclasses.replace(serving, outcomes=None)
+        serving = dataclasses.replace(
+            serving,
+            answer_model=header(scope, "x-phalanx-model"),
+            answer_package=header(scope, "x-phalanx-package"),
+        )
         self._holding[id(serving.engine)] = self._holding.get(id(serving.engine), 0) + 1
         try:
             await self._serve_chat(scope, receive, send, raw, serving)
@@ -288,26 +295,28 @@ class NodeApp:
             watcher.cancel()
             engine.cancel(generation.request)  # no-op when finished; frees it otherwise
 
-    def _shaper(self, generation: Generation, identity: NodeIdentity) -> CompletionShaper:
+    def _shaper(self, generation: Generation, serving: Serving) -> CompletionShaper:
+        """Answers name the model by its client-facing name (``X-Phalanx-Model``) and the version
+        in ``system_fingerprint`` (``X-Phalanx-Package``); else the node's own name."""
         return CompletionShaper(
-            model=identity.package,
+            model=serving.answer_model or serving.identity.package,
             node_id=self.identity.node_id,
+            fingerprint=serving.answer_package or serving.identity.package,
             tools=generation.chat.tool_mode is not None and generation.chat.tool_mode.allows_call,
         )
 
     async def _complete(self, generation: Generation, send: Send, serving: Serving) -> None:
-        identity = serving.identity
         result = await collect(generation)
-        _record(serving.outcomes, result, self._shaper(generation, identity))
+        _record(serving.outcomes, result, self._shaper(generation, serving))
         if isinstance(result, Failed) and result.client_error:
             return await self._error(send, 400, result.message, code="unsupported_schema")
         if isinstance(result, Failed):
             return await self._error(send, 500, result.message, code="engine_error")
-        completion = self._shaper(generation, identity).completion(result)
+        completion = self._shaper(generation, serving).completion(result)
         await send_json(send, 200, completion, self.headers)
 
     async def _stream(self, generation: Generation, send: Send, serving: Serving) -> None:
-        shaper = self._shaper(generation, serving.identity)
+        shaper = self._shaper(generation, serving)
         await send_start(
             send, 200, "text/event-stream", {**self.headers, "cache-control": "no-cache"}
         )

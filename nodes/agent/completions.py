@@ -186,10 +186,12 @@ def _tool_calls(text: str) -> list[dict[str, Any]] | None:
 
 @dataclass
 class CompletionShaper:
-    """OpenAI-shaped output for one generation; ``model`` is the package name."""
+    """OpenAI-shaped output for one generation: ``model`` the name the client asked for,
+    ``fingerprint`` (``system_fingerprint``) the ``name:version`` that serves it."""
 
     model: str
     node_id: str
+    fingerprint: str = ""
     tools: bool = False
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
@@ -202,7 +204,7 @@ class CompletionShaper:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": self.node_id,
+            "system_fingerprint": self.fingerprint or self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
         }
 
@@ -279,7 +281,7 @@ class CompletionShaper:
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": self.node_id,
+            "system_fingerprint": self.fingerprint or self.model,
             "choices": [
                 {
                     "index": 0,

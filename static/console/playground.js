@@ -25,7 +25,7 @@
       if (msg.type === "delta" && current) current.querySelector(".content").textContent += msg.content;
       else if (msg.type === "done" && current) {
         const t = msg.timings || {}, u = msg.usage || {};
-        const bits = [`node ${msg.node}`];
+        const bits = [msg.package ? `${msg.package} on ${msg.node}` : `node ${msg.node}`];
         if (t.ttft_ms != null) bits.push(`TTFT ${Number(t.ttft_ms).toFixed(0)} ms`);
         if (t.decode_tokens_per_s != null) bits.push(`${Number(t.decode_tokens_per_s).toFixed(1)} tok/s`);
         if (t.prompt_tokens != null) bits.push(`prompt ${t.prompt_tokens} (cached ${t.cached_tokens || 0})`);
@@ -33,7 +33,7 @@
         if (t.total_ms != null) bits.push(`total ${Number(t.total_ms).toFixed(0)} ms`);
         if (msg.finish_reason === "length") bits.push("cut off at max tokens");
         const meta = current.querySelector(".meta");
-        meta.textContent = bits.join(" · "); meta.dataset.node = msg.node; meta.classList.add("done");
+        meta.textContent = bits.join(" · "); meta.dataset.node = msg.node; meta.dataset.package = msg.package || ""; meta.classList.add("done");
         current = null; $("send").disabled = false; setStatus("ready");
       } else if (msg.type === "error") {
         (current || bubble("error", "")).querySelector(".content").textContent += ` [error ${msg.code}: ${msg.message}]`;
