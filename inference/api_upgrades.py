@@ -12,7 +12,7 @@ from ninja import Field, Router, Schema
 from pydantic import StrictInt
 
 from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
-from inference.models import Upgrade
+from inference.models import ModelPackage, Upgrade
 from inference.upgrades import services
 
 router = Router()
@@ -22,10 +22,12 @@ class UpgradeIn(Schema):
     from_package_id: int
     to_package_id: int
     model: str | None = Field(None, description="the name clients ask for (default: served now)")
-    settings: dict[str, float] = Field(
+    settings: dict[str, float | str] = Field(
         {},
         description="max_unavailable, canary_share, bake_s, drain_timeout_s, switch_timeout_s, "
-        "max_error_rate_increase, max_ttft_ratio, ttft_slack_s, min_requests",
+        "max_error_rate_increase, max_ttft_ratio, ttft_slack_s, min_requests (numbers); "
+        "no_traffic: pause (default) or proceed, what the upgrade does when a bake could "
+        "compare nothing after waiting another bake_s for traffic",
     )
     node_settings: dict[str, StrictInt] = Field(
         {},
@@ -46,13 +48,20 @@ class UpgradeOut(Schema):
     to_package: str
     from_package_id: int
     to_package_id: int
+    to_package_override: str = Field(
+        description="why to_package was approved over its gate (an admin's override reason); "
+        "empty when it passed its gate"
+    )
     state: str = Field(description="pending, running, paused, rolling_back, succeeded, ...")
     phase: str
     new_share: float = Field(description="share of new sessions sent to the new version")
     settings: dict[str, Any]
     node_settings: dict[str, Any]
     nodes: list[dict[str, Any]]
-    gates: list[dict[str, Any]]
+    gates: list[dict[str, Any]] = Field(
+        description='[{"at", "node_id" ("" for the array), "gate", "verdict" (pass, fail or '
+        'skipped: a bake that compared nothing), "passed" (verdict is pass), "detail", "values"}]'
+    )
     reason: str
     promote: bool
     created_by: str
@@ -77,6 +86,12 @@ class SampleOut(Schema):
     new_share: float
 
 
+def override_reason(package: ModelPackage) -> str:
+    """The admin's reason for approving ``package`` over its gate, or "" (it passed)."""
+    reason = package.status_reason or ""
+    return reason.removeprefix("override:").strip() if reason.startswith("override:") else ""
+
+
 def upgrade_out(upgrade: Upgrade) -> dict[str, Any]:
     return {
         "id": upgrade.pk,
@@ -85,6 +100,7 @@ def upgrade_out(upgrade: Upgrade) -> dict[str, Any]:
         "to_package": upgrade.to_package.key,
         "from_package_id": upgrade.from_package_id,
         "to_package_id": upgrade.to_package_id,
+        "to_package_override": override_reason(upgrade.to_package),
         "state": upgrade.state,
         "phase": upgrade.phase,
         "new_share": upgrade.new_share,

@@ -121,23 +121,25 @@ def node_record_restart(*, node_id: str, message: str) -> NodeEvent | None:
 
 
 @transaction.atomic
-def node_drain(*, node_id: str) -> NodeEvent | None:
-    """Stop new sessions to the node; its pinned sessions move at their next turn."""
+def node_drain(*, node_id: str, by: str = "operator") -> NodeEvent | None:
+    """Stop new sessions to the node; its pinned sessions move at their next turn. ``by``
+    names who drains it in the event ("operator", "upgrade 3")."""
     node = Node.objects.select_for_update().get(node_id=node_id)
     if node.state == Node.State.DRAINING:
         return None
-    event = _set_state(node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, "drained by operator")
+    event = _set_state(node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, f"drained by {by}")
     node.save()
     return event
 
 
 @transaction.atomic
-def node_undrain(*, node_id: str) -> NodeEvent | None:
-    """Let a drained node take traffic again once the control loop sees it healthy."""
+def node_undrain(*, node_id: str, by: str = "operator") -> NodeEvent | None:
+    """Let a drained node take traffic again once the control loop sees it healthy. ``by``
+    names who undrains it in the event."""
     node = Node.objects.select_for_update().get(node_id=node_id)
     if node.state != Node.State.DRAINING:
         return None
-    event = _set_state(node, Node.State.UNKNOWN, NodeEvent.Kind.UNDRAINED, "undrained by operator")
+    event = _set_state(node, Node.State.UNKNOWN, NodeEvent.Kind.UNDRAINED, f"undrained by {by}")
     node.consecutive_failures = 0
     node.save()
     return event

@@ -13,10 +13,11 @@ version beside the old and swaps (nodes/agent/switch.py); streams running on the
 finish there. ``checking``: ``/health`` says the new sha256, and a real smoke chat on the node
 (streamed, with a tool call and its result) passes; then the node takes traffic again.
 
-When a batch is done it bakes for ``bake_s``: new sessions go to the new version with
-``canary_share`` (first batch), then all of them; the new nodes' error rate, tool-call parse
-failures and TTFT P95 are compared with the old ones' over the bake (``plan.bake_gates``,
-from the nodes' own metrics). Any failed gate rolls back: every node that left the old
+When a batch is done it bakes for ``bake_s`` (``inference.upgrades.bake``): new sessions go
+to the new version with ``canary_share`` (first batch), then all of them; the new nodes'
+error rate, tool-call parse failures and TTFT P95 are compared with the old ones' over the
+bake (``plan.bake_gates``, from the nodes' own metrics); a bake that compared nothing is
+skipped and the upgrade's ``no_traffic`` rule decides. Any failed gate rolls back: every node that left the old
 version goes back to it the same way (drain, switch, check), and new sessions go to the old
 version at once.
 """
@@ -35,7 +36,10 @@ from django.utils import timezone
 
 from inference.models import SessionRoute, Upgrade, UpgradeSample
 from inference.packages.evaluation.smoke import smoke_test
-from inference.upgrades import plan
+from inference.upgrades.bake import bake_step
+from inference.upgrades.outcomes import finish as _finish
+from inference.upgrades.outcomes import record_gate as _record_gate
+from inference.upgrades.outcomes import roll_back as _roll_back
 from inference.upgrades.services import upgrade_event
 from nodes import client as node_client
 from nodes import services as node_services
@@ -131,7 +135,15 @@ def _renew_lease(upgrade_id: int, done: threading.Event) -> None:
         connection.close()  # this thread's own
 
 
-DRIVER_FIELDS = ("state", "phase", "new_share", "reason", "started_at", "finished_at")
+DRIVER_FIELDS = (
+    "state",
+    "phase",
+    "paused_from",
+    "new_share",
+    "reason",
+    "started_at",
+    "finished_at",
+)
 PROGRESS_FIELDS = ("nodes", "gates", "bake")
 
 
@@ -164,7 +176,7 @@ def _forward(upgrade: Upgrade) -> None:
             return
         _advance(upgrade, s)
     if upgrade.state == State.RUNNING and all(s["state"] == "done" for s in steps):
-        _bake(upgrade, batch)
+        bake_step(upgrade, batch)
 
 
 def _current_batch(upgrade: Upgrade) -> int | None:
@@ -185,7 +197,7 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
             return
         if _holds_last_sessions(upgrade, s, node):
             return
-        node_services.node_drain(node_id=node.node_id)
+        node_services.node_drain(node_id=node.node_id, by=_actor(upgrade))
         _move(upgrade, s, "draining", "drained: no new sessions")
     elif s["state"] == "draining":
         if _drained(node, s, settings["drain_timeout_s"]):
@@ -195,7 +207,7 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
     elif s["state"] == "checking":
         if _check(upgrade, s, node):
             if not s.get("was_draining"):
-                node_services.node_undrain(node_id=node.node_id)
+                node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             if s.get("surge"):  # spare capacity takes traffic on the new version for now
                 Node.objects.filter(pk=node.pk).update(weight=1.0)
             _move(upgrade, s, "done", "serves the new version and takes traffic")
@@ -243,74 +255,6 @@ def _holds_last_sessions(upgrade: Upgrade, s: dict[str, Any], node: Node) -> boo
         return False
     s["detail"] = f"waiting for {pinned} sessions on {upgrade.from_package.key} to end"
     return True
-
-
-def _bake(upgrade: Upgrade, batch: int) -> None:
-    phase = f"baking batch {batch + 1}"
-    if upgrade.phase != phase:
-        upgrade.phase = phase
-        upgrade.bake = {
-            "batch": batch,
-            "started_at": timezone.now().isoformat(),
-            "before": _counters(),
-        }
-        upgrade_event(
-            upgrade, "bake", f"batch {batch + 1} bakes for {upgrade.settings['bake_s']:g} s"
-        )
-        return
-    started = datetime.fromisoformat(upgrade.bake["started_at"])
-    if not upgrade.promote and timezone.now() - started < timedelta(
-        seconds=upgrade.settings["bake_s"]
-    ):
-        return
-    old_ids, new_ids = _nodes_by_version(upgrade)
-    after = _counters()
-    before = upgrade.bake.get("before") or {}
-    old = plan.side_from(
-        {k: before.get(k, {}) for k in old_ids}, {k: after[k] for k in old_ids if k in after}
-    )
-    new = plan.side_from(
-        {k: before.get(k, {}) for k in new_ids}, {k: after[k] for k in new_ids if k in after}
-    )
-    results = plan.bake_gates(old, new, upgrade.settings)
-    for result in results:
-        _record_gate(upgrade, "", result)
-    failed = [r for r in results if not r["passed"]]
-    if failed:
-        _roll_back(upgrade, f"bake of batch {batch + 1}: {failed[0]['detail']}")
-        return
-    upgrade.new_share = 1.0
-    for s in upgrade.nodes:
-        if s["batch"] == batch:
-            s["baked"] = True
-    upgrade.phase = f"batch {batch + 2}"
-    upgrade.bake = {}
-    upgrade_event(
-        upgrade,
-        "bake_passed",
-        f"batch {batch + 1} passed its bake; new sessions all go to {upgrade.to_package.key}",
-    )
-    if _current_batch(upgrade) is None:
-        _finish(upgrade, State.SUCCEEDED, "every node serves the new version")
-
-
-def _nodes_by_version(upgrade: Upgrade) -> tuple[list[str], list[str]]:
-    """``(old, new)`` node ids: the plan's nodes not yet moved, and those done (a
-    settings-only roll has one package on both sides, so the sides are the plan's)."""
-    old = [s["node_id"] for s in upgrade.nodes if s["state"] == "waiting"]
-    new = [s["node_id"] for s in upgrade.nodes if s["state"] == "done"]
-    return old, new
-
-
-def _counters() -> dict[str, dict[str, float | None]]:
-    """Every node's request, failure and tool-parse counters and TTFT P95, as last scraped."""
-    out = {}
-    for node_id, load in Node.objects.values_list("node_id", "last_seen_load"):
-        load = load or {}
-        out[node_id] = {
-            k: load.get(k) for k in ("requests", "failed", "tool_parse_failures", "ttft_p95")
-        }
-    return out
 
 
 # --- one node ------------------------------------------------------------------------------------
@@ -393,7 +337,7 @@ def _await_switch(
     current = node_client.package_state(node.address, node_id=node.node_id)
     switch = (current or {}).get("switch") or {}
     if _serves(current, package, upgrade.node_settings) and switch.get("state") != "loading":
-        _served(node, package, upgrade.model, upgrade.node_settings)
+        _served(node, package, upgrade, upgrade.node_settings)
         _move(upgrade, s, next_state, f"serves {package.key}")
         return True
     if switch.get("sha256") == package.sha256 and switch.get("state") == "failed":
@@ -417,8 +361,10 @@ def _serves(current: dict[str, Any] | None, package, settings: dict[str, int]) -
     return all(have.get(k) == v for k, v in settings.items())
 
 
-def _served(node: Node, package, model: str, settings: dict[str, int] | None = None) -> None:
-    """Record what ``node`` serves now, with the settings it took (kept for its restarts)."""
+def _served(node: Node, package, upgrade: Upgrade, settings: dict[str, int] | None = None) -> None:
+    """Record what ``node`` serves now (as ``upgrade``'s model), with the settings it took
+    (kept for its restarts); the node's event names the upgrade."""
+    model = upgrade.model
     changes: dict[str, Any] = {"package": package, "served_name": model}
     settings = dict(settings or {})
     if "threads" in settings:
@@ -427,8 +373,15 @@ def _served(node: Node, package, model: str, settings: dict[str, int] | None = N
         changes["engine_settings"] = {**(node.engine_settings or {}), **settings}
     Node.objects.filter(pk=node.pk).update(**changes)
     NodeEvent.objects.create(
-        node=node, kind=NodeEvent.Kind.SWITCHED, message=f"serves {package.key} as {model}"
+        node=node,
+        kind=NodeEvent.Kind.SWITCHED,
+        message=f"switched by {_actor(upgrade)}: serves {package.key} as {model}",
     )
+
+
+def _actor(upgrade: Upgrade) -> str:
+    """Who acts on a node for ``upgrade``, as its node events say: ``"upgrade 3"``."""
+    return f"upgrade {upgrade.pk}"
 
 
 def _check(upgrade: Upgrade, s: dict[str, Any], node: Node) -> bool:
@@ -457,39 +410,12 @@ def _check(upgrade: Upgrade, s: dict[str, Any], node: Node) -> bool:
     return True
 
 
-def _record_gate(upgrade: Upgrade, node_id: str, result: dict[str, Any]) -> None:
-    upgrade.gates = [
-        *upgrade.gates,
-        {"at": timezone.now().isoformat(), "node_id": node_id, **result},
-    ]
-    mark = "passed" if result["passed"] else "FAILED"
-    upgrade_event(upgrade, "gate", f"{result['gate']} {mark}: {result['detail']}", node_id)
-
-
 def _fail(upgrade: Upgrade, s: dict[str, Any], gate: str, detail: str) -> None:
     _record_gate(
         upgrade, s["node_id"], {"gate": gate, "passed": False, "detail": detail, "values": {}}
     )
     s["detail"] = detail
     _roll_back(upgrade, f"{gate}: {detail}")
-
-
-def _roll_back(upgrade: Upgrade, why: str) -> None:
-    upgrade.state, upgrade.reason, upgrade.new_share = State.ROLLING_BACK, why, 0.0
-    upgrade.phase = "rolling back"
-    upgrade_event(upgrade, "rollback", f"rolling back: {why}")
-
-
-def _finish(upgrade: Upgrade, state: str, why: str) -> None:
-    upgrade.state, upgrade.finished_at, upgrade.phase = state, timezone.now(), ""
-    surged = [s["node_id"] for s in upgrade.nodes if s.get("surge")]
-    if surged:  # the standby nodes are spare capacity again (on whichever version they serve)
-        Node.objects.filter(node_id__in=surged).update(weight=0.0)
-        upgrade_event(upgrade, "surge_end", f"standby again: {', '.join(surged)}")
-    if state == State.SUCCEEDED:
-        upgrade.new_share = 1.0
-        upgrade.reason = why
-    upgrade_event(upgrade, state, why)
 
 
 # --- backward -------------------------------------------------------------------------------------
@@ -536,7 +462,7 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool)
                 s["state"] != "waiting" and node.state == Node.State.DRAINING
             ):
                 if not s.get("was_draining"):
-                    node_services.node_undrain(node_id=node.node_id)
+                    node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             _move(upgrade, s, "reverted", f"kept {old.key}")
             return
         if current is None and s["state"] == "waiting":
@@ -544,7 +470,7 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool)
             return
         if not may_drain:
             return
-        node_services.node_drain(node_id=node.node_id)
+        node_services.node_drain(node_id=node.node_id, by=_actor(upgrade))
         s["revert"] = "draining"
         _move(upgrade, s, "reverting", f"drained to go back to {old.key}")
         return
@@ -575,14 +501,14 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool)
         if switch.get("state") in ("verifying", "loading"):
             return
         if _serves(current, old, before):
-            _served(node, old, upgrade.model, before)
+            _served(node, old, upgrade, before)
             s["revert"] = "checking"
         elif current is not None:
             s["revert"] = "draining"  # it failed, or a later load won: ask again
     elif phase == "checking":
         if node_client.probe(node.address, node_id=node.node_id, timeout=5.0).ok:
             if not s.get("was_draining"):
-                node_services.node_undrain(node_id=node.node_id)
+                node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             s.pop("revert", None)
             _move(upgrade, s, "reverted", f"back on {old.key}")
 

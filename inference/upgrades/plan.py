@@ -6,12 +6,13 @@ control-loop tick, and tests check these functions with plain data.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from nodes.agent.engine_settings import LIMITS as NODE_SETTING_LIMITS
 
-DEFAULTS: dict[str, float] = {
+DEFAULTS: dict[str, Any] = {
     "max_unavailable": 1,  # nodes switched at once (a batch)
     "canary_share": 0.25,  # new sessions to the new version while the first batch bakes
     "bake_s": 30.0,  # seconds each batch serves before the next starts
@@ -20,7 +21,8 @@ DEFAULTS: dict[str, float] = {
     "max_error_rate_increase": 0.02,  # new error rate may exceed the old by this (absolute)
     "max_ttft_ratio": 1.5,  # new TTFT P95 may be at most this times the old
     "ttft_slack_s": 0.25,  # ... plus this (small P95s jitter by more than a ratio)
-    "min_requests": 3,  # fewer requests on either side: the bake cannot compare (passes)
+    "min_requests": 3,  # fewer requests on either side: the bake cannot compare (skipped)
+    "no_traffic": "pause",  # a bake that compared nothing, after waiting: pause or proceed
 }
 LIMITS: dict[str, tuple[float, float]] = {
     "max_unavailable": (1, 64),
@@ -34,6 +36,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "min_requests": (0, 1_000_000),
 }
 INTEGERS = ("max_unavailable", "min_requests")
+# settings that are one of a few words, not numbers
+CHOICES: dict[str, tuple[str, ...]] = {"no_traffic": ("pause", "proceed")}
 
 # node_settings an upgrade may roll and their bounds, inclusive (``NODE_SETTING_LIMITS``, the
 # node's own ``PUT /package`` check too: ``nodes.agent.engine_settings``); ``ctx_per_seq`` is
@@ -48,13 +52,18 @@ class BadSettings(ValueError):
         self.field = field
 
 
-def settings_with_defaults(given: dict[str, Any] | None) -> dict[str, float]:
+def settings_with_defaults(given: dict[str, Any] | None) -> dict[str, Any]:
     """``DEFAULTS`` overridden by ``given``. Raises ``BadSettings`` for an unknown key, a
-    value that is not a number or one out of ``LIMITS``."""
+    value that is not a number or one out of ``LIMITS``, or a word not one of ``CHOICES``."""
     out = dict(DEFAULTS)
     for key, value in (given or {}).items():
         if key not in DEFAULTS:
             raise BadSettings(f"{key}: not a setting ({', '.join(DEFAULTS)})", key)
+        if key in CHOICES:
+            if value not in CHOICES[key]:
+                raise BadSettings(f"{key}: one of {', '.join(CHOICES[key])}", key)
+            out[key] = value
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise BadSettings(f"{key}: a number", key)
         low, high = LIMITS[key]
@@ -130,19 +139,53 @@ class Side:
     def tool_failure_rate(self) -> float:
         return self.tool_parse_failures / self.requests if self.requests else 0.0
 
-
-def bake_gates(old: Side, new: Side, settings: dict[str, float]) -> list[dict[str, Any]]:
-    """The bake's comparisons of ``new`` against ``old``: ``[{"gate", "passed", "detail",
-    "values"}]`` for the error rate, the tool-call parse failures and the TTFT P95. With
-    fewer than ``min_requests`` on a side the comparison cannot be made and passes, saying
-    so (the smoke test on each node has already passed)."""
-    floor = settings["min_requests"]
-    if new.requests < floor or old.requests < floor:
-        detail = (
-            f"too little traffic to compare ({new.requests:.0f} requests on the new version, "
-            f"{old.requests:.0f} on the old; at least {floor:.0f} each)"
+    def plus(self, other: Side) -> Side:
+        """Both sides' traffic together (the worse TTFT P95 of the two)."""
+        p95s = [p for p in (self.ttft_p95, other.ttft_p95) if p is not None]
+        return Side(
+            requests=self.requests + other.requests,
+            failed=self.failed + other.failed,
+            tool_parse_failures=self.tool_parse_failures + other.tool_parse_failures,
+            ttft_p95=max(p95s) if p95s else None,
         )
-        return [{"gate": "bake", "passed": True, "detail": detail, "values": {}}]
+
+    def as_dict(self) -> dict[str, float | None]:
+        return dataclasses.asdict(self)
+
+
+def comparable(old: Side, new: Side, settings: dict[str, Any]) -> bool:
+    """Both sides served at least ``min_requests`` (and at least one) requests: only then do
+    their rates say anything."""
+    floor = max(1, settings["min_requests"])
+    return new.requests >= floor and old.requests >= floor
+
+
+def skipped_gate(old: Side, new: Side, settings: dict[str, Any]) -> dict[str, Any]:
+    """The bake's result when ``comparable`` is False: verdict ``skipped`` (not a pass: it
+    compared nothing), its detail naming both sides' requests and the floor."""
+    floor = max(1, settings["min_requests"])
+    detail = (
+        f"skipped: too little traffic to compare ({new.requests:.0f} requests on the new "
+        f"version, {old.requests:.0f} on the old; at least {floor:.0f} each)"
+    )
+    values = {"new_requests": new.requests, "old_requests": old.requests, "min_requests": floor}
+    return {
+        "gate": "bake",
+        "verdict": "skipped",
+        "passed": False,
+        "detail": detail,
+        "values": values,
+    }
+
+
+def bake_gates(old: Side, new: Side, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bake's comparisons of ``new`` against ``old``: ``[{"gate", "verdict", "passed",
+    "detail", "values"}]`` (``verdict`` ``pass`` or ``fail``; ``passed`` is ``verdict ==
+    "pass"``) for the error rate, the tool-call parse failures and the TTFT P95. When the
+    sides are not ``comparable``, one ``skipped_gate`` instead: the driver then waits for
+    traffic or decides by the upgrade's ``no_traffic`` rule (``inference.upgrades.bake``)."""
+    if not comparable(old, new, settings):
+        return [skipped_gate(old, new, settings)]
     limit = old.error_rate + settings["max_error_rate_increase"]
     out = [
         _gate(
@@ -175,7 +218,8 @@ def bake_gates(old: Side, new: Side, settings: dict[str, float]) -> list[dict[st
 
 
 def _gate(name: str, passed: bool, detail: str, values: dict[str, Any]) -> dict[str, Any]:
-    return {"gate": name, "passed": passed, "detail": detail, "values": values}
+    verdict = "pass" if passed else "fail"
+    return {"gate": name, "verdict": verdict, "passed": passed, "detail": detail, "values": values}
 
 
 def side_from(

@@ -121,9 +121,13 @@ def upgrade_start(
         action="upgrade.start",
         target=f"upgrade {upgrade.pk}",
         changes=[f"{model}: {old.key} \u2192 {new.key}"]
-        + [f"{k}: {v:g}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
+        + [f"{k}: {_shown(v)}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
     )
     return upgrade
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def _plan_steps(nodes: list[Node], max_unavailable: int) -> list[dict[str, Any]]:
@@ -183,7 +187,8 @@ def _plan_sentence(upgrade: Upgrade) -> str:
     return (
         f"{upgrade.model}: {upgrade.from_package.key} \u2192 {upgrade.to_package.key}"
         f"{settings}; {parts}; canary {s['canary_share']:.0%} of new sessions, bake "
-        f"{s['bake_s']:g} s per batch"
+        f"{s['bake_s']:g} s per batch; a bake that compares nothing: "
+        f"{s.get('no_traffic', plan.DEFAULTS['no_traffic'])}"
     )
 
 
@@ -206,7 +211,7 @@ def upgrade_pause(*, upgrade_id: int) -> Upgrade:
     upgrade = _act(upgrade_id, "pause", (State.PENDING, State.RUNNING))
     upgrade.paused_from, upgrade.state = upgrade.state, State.PAUSED
     upgrade.save(update_fields=["paused_from", "state"])
-    return _audited(upgrade, "pause", "paused by an operator")
+    return _audited(upgrade, "pause", f"paused by {current_actor()}")
 
 
 @transaction.atomic
@@ -215,7 +220,7 @@ def upgrade_resume(*, upgrade_id: int) -> Upgrade:
     upgrade = _act(upgrade_id, "resume", (State.PAUSED,))
     upgrade.state, upgrade.paused_from = upgrade.paused_from or State.RUNNING, ""
     upgrade.save(update_fields=["paused_from", "state"])
-    return _audited(upgrade, "resume", "resumed by an operator")
+    return _audited(upgrade, "resume", f"resumed by {current_actor()}")
 
 
 @transaction.atomic
@@ -226,7 +231,7 @@ def upgrade_promote(*, upgrade_id: int) -> Upgrade:
     upgrade = _act(upgrade_id, "be promoted", (State.PENDING, State.RUNNING, State.PAUSED))
     upgrade.promote = True
     upgrade.save(update_fields=["promote"])
-    return _audited(upgrade, "promote", "promoted by an operator: no more bake time")
+    return _audited(upgrade, "promote", f"promoted by {current_actor()}: no more bake time")
 
 
 @transaction.atomic
@@ -234,7 +239,7 @@ def upgrade_abort(*, upgrade_id: int, reason: str = "") -> Upgrade:
     """Roll back now: nodes already on the new version go back to the old one, drained first.
     Raises ``Conflict`` once the upgrade has finished or is rolling back."""
     upgrade = _act(upgrade_id, "abort", (State.PENDING, State.RUNNING, State.PAUSED))
-    why = f"aborted by an operator{': ' + reason.strip() if reason.strip() else ''}"
+    why = f"aborted by {current_actor()}{': ' + reason.strip() if reason.strip() else ''}"
     upgrade.state, upgrade.reason, upgrade.new_share = State.ROLLING_BACK, why, 0.0
     upgrade.save(update_fields=["state", "reason", "new_share"])
     return _audited(upgrade, "abort", why)

@@ -166,7 +166,7 @@ def test_the_buttons_pause_resume_promote_and_abort(login, versions):
     press("promote")
     assert Upgrade.objects.get().promote is True
     text = press("abort")
-    assert "Rolling back" in text and "aborted by an operator: from the Upgrades page" in text
+    assert "Rolling back" in text and "aborted by operator: from the Upgrades page" in text
     assert f"Upgrade {upgrade.pk} is rolling_back; it cannot resume now." in press("resume")
     script = re.search(
         r'<script id="upgrade-events-data" type="application/json">(.*?)</script>',

@@ -69,7 +69,7 @@ def test_an_operator_starts_an_upgrade_and_a_viewer_reads_it(api, versions):
     assert [e["kind"] for e in events] == ["planned"]
     assert events[0]["message"] == (
         "smol: smol:1 \u2192 smol:2; batch 1: n1, n2; canary 25% of new sessions, bake 5 s per "
-        "batch"
+        "batch; a bake that compares nothing: pause"
     )
 
 
@@ -110,6 +110,8 @@ def test_an_admin_may_do_what_an_operator_does(api, versions):
         ({"settings": {"canary_share": 2}}, "settings.canary_share", "between 0 and 1"),
         ({"settings": {"bake_secs": 5}}, "settings.bake_secs", "not a setting"),
         ({"settings": {"bake_s": 10**6}}, "settings.bake_s", "between 0 and 86400"),
+        ({"settings": {"no_traffic": "go"}}, "settings.no_traffic", "one of pause, proceed"),
+        ({"settings": {"bake_s": "five"}}, "settings.bake_s", "a number"),
         (
             {"node_settings": {"threads": 100_000}},
             "node_settings.threads",
@@ -185,11 +187,11 @@ def test_pause_resume_promote_and_abort_answer_the_state_they_leave(api, version
     assert promoted["promote"] is True and promoted["state"] == "pending"
     aborted = act("abort", {"reason": "wrong version"}).json()
     assert aborted["state"] == "rolling_back" and aborted["new_share"] == 0.0
-    assert aborted["reason"] == "aborted by an operator: wrong version"
+    assert aborted["reason"] == "aborted by token:t-operator: wrong version"
     assert act("abort", {}).status_code == 409
     events = api("viewer", "get", f"/upgrades/{upgrade_id}/events").json()
     assert [e["kind"] for e in events] == ["planned", "pause", "resume", "promote", "abort"]
-    assert events[-1]["message"] == "aborted by an operator: wrong version"
+    assert events[-1]["message"] == "aborted by token:t-operator: wrong version"
     nothing = api("operator", "post", "/upgrades/999/pause")
     assert nothing.status_code == 404 and nothing.json()["code"] == "upgrade_not_found"
 
@@ -244,7 +246,7 @@ def test_a_settings_only_roll_reloads_each_node_with_the_new_settings(api, versi
             "from_package_id": old.pk,
             "to_package_id": old.pk,
             "node_settings": {"threads": 2, "sequences": 16},
-            "settings": {"bake_s": 0},
+            "settings": {"bake_s": 0, "no_traffic": "proceed"},
         },
     )
     assert response.status_code == 201, response.json()
@@ -261,3 +263,18 @@ def test_a_settings_only_roll_reloads_each_node_with_the_new_settings(api, versi
     assert shown["state"] == "succeeded"
     assert {s["state"] for s in shown["nodes"]} == {"done"}
     assert shown["reason"] == "every node serves the new version"
+
+
+def test_a_bake_that_compared_nothing_reads_skipped_with_the_decision(api, versions, simulated):
+    """``GET /api/upgrades/{id}``: the bake's gate says ``skipped`` (never ``passed``) and
+    how the upgrade went on; its events say so too."""
+    body = start(api, versions, settings={"bake_s": 0, "no_traffic": "proceed"}).json()
+    assert body["settings"]["no_traffic"] == "proceed"
+    run_to_end(Upgrade.objects.get(pk=body["id"]))
+    shown = api("viewer", "get", f"/upgrades/{body['id']}").json()
+    bake = [g for g in shown["gates"] if g["gate"] == "bake"][0]
+    assert (bake["verdict"], bake["passed"]) == ("skipped", False)
+    assert bake["detail"].startswith("skipped: too little traffic to compare (0 requests")
+    assert bake["detail"].endswith("went on by the upgrade's rule (no_traffic: proceed)")
+    events = api("viewer", "get", f"/upgrades/{body['id']}/events").json()
+    assert any(e["message"].startswith("bake skipped: ") for e in events)

@@ -33,6 +33,13 @@ class Command(BaseCommand):
         for flag in SETTING_FLAGS:
             start.add_argument(f"--{flag.replace('_', '-')}", type=float, default=None)
         start.add_argument(
+            "--no-traffic",
+            choices=("pause", "proceed"),
+            default=None,
+            help="when a bake compares nothing (too little traffic, after waiting another "
+            "bake time): pause (the default) or proceed",
+        )
+        start.add_argument(
             "--node-setting",
             action="append",
             default=[],
@@ -60,6 +67,8 @@ class Command(BaseCommand):
         settings = {k: o[k] for k in SETTING_FLAGS if o[k] is not None}
         if "max_unavailable" in settings:
             settings["max_unavailable"] = int(settings["max_unavailable"])
+        if o["no_traffic"]:
+            settings["no_traffic"] = o["no_traffic"]
         upgrade = services.upgrade_start(
             from_package_id=_package(o["from_package"]).pk,
             to_package_id=_package(o["to_package"]).pk,

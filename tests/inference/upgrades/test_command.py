@@ -56,8 +56,21 @@ def test_a_node_setting_out_of_bounds_is_refused_naming_it(fleet, packages, sett
 
 def test_a_settings_only_roll_from_the_command(fleet, packages):
     old, _ = packages
-    started = upgrade("start", old.key, old.key, "--node-setting", "threads=2", "--bake-s", "0")
-    assert started["node_settings"] == {"threads": 2}
+    started = upgrade(
+        "start",
+        old.key,
+        old.key,
+        "--node-setting",
+        "threads=2",
+        "--bake-s",
+        "0",
+        "--no-traffic",
+        "proceed",
+    )
+    assert (
+        started["node_settings"] == {"threads": 2}
+        and started["settings"]["no_traffic"] == "proceed"
+    )
     assert run_to_end(Upgrade.objects.get(pk=started["id"])).state == "succeeded"
     assert {(n, s["threads"]) for n, s in fleet.settings.items()} == {
         ("n1", 2),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from console.audit import acting_as
 from console.errors import Conflict, Invalid
 from inference.models import ModelPackage, Upgrade
 from inference.upgrades import driver, services
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.django_db
 def test_an_upgrade_rolls_batch_by_batch_to_the_new_version(fleet, packages):
     old, new = packages
     upgrade = services.upgrade_start(
-        from_package_id=old.pk, to_package_id=new.pk, settings={"max_unavailable": 2, "bake_s": 0}
+        from_package_id=old.pk,
+        to_package_id=new.pk,
+        settings={"max_unavailable": 2, "bake_s": 0, "no_traffic": "proceed"},
     )
     assert [(s["node_id"], s["batch"]) for s in upgrade.nodes] == [("n1", 0), ("n2", 0), ("n3", 1)]
     done = run_to_end(upgrade)
@@ -30,10 +33,22 @@ def test_an_upgrade_rolls_batch_by_batch_to_the_new_version(fleet, packages):
     assert [a[1] for a in fleet.asked] == [new.sha256] * 3
     gates = [(g["node_id"], g["gate"], g["passed"]) for g in done.gates]
     assert ("n1", "smoke", True) in gates and ("n3", "health", True) in gates
-    assert [g["gate"] for g in done.gates if not g["node_id"]] == ["bake", "bake"]
+    # no traffic in these fakes: each bake compared nothing, and went on by the rule
+    bakes = [(g["gate"], g["verdict"]) for g in done.gates if not g["node_id"]]
+    assert bakes == [("bake", "skipped"), ("bake", "skipped")]
     kinds = list(done.events.values_list("kind", flat=True))
     assert kinds[:3] == ["planned", "started", "draining"] and kinds[-1] == "succeeded"
     assert "canary" in kinds and NodeEvent.objects.filter(kind="switched").count() == 3
+    # the nodes' own events name the upgrade as who drained, switched and undrained them
+    said = set(NodeEvent.objects.values_list("kind", "message"))
+    by = f"upgrade {upgrade.pk}"
+    assert {m for k, m in said if k in ("drained", "undrained")} == {
+        f"drained by {by}",
+        f"undrained by {by}",
+    }
+    assert {m for k, m in said if k == "switched"} == {
+        f"switched by {by}: serves smol-q4_k_m:1 as smol-q4_1"
+    }
     driver.upgrades_tick()  # a finished upgrade is no longer sampled
     samples = list(done.samples.values_list("new_share", flat=True))
     assert samples and samples[-1] == 1.0
@@ -64,7 +79,9 @@ def test_a_node_that_cannot_load_the_new_version_keeps_the_old_one(fleet, packag
 def test_it_resumes_after_a_restart_without_asking_a_node_twice(fleet, packages):
     old, new = packages
     upgrade = services.upgrade_start(
-        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 0}
+        from_package_id=old.pk,
+        to_package_id=new.pk,
+        settings={"bake_s": 0, "no_traffic": "proceed"},
     )
     for _ in range(3):  # started, draining, switching: the node was asked once
         scrape()
@@ -96,9 +113,10 @@ def test_pause_promote_and_abort(fleet, packages):
         driver.step(upgrade.pk)
     row = Upgrade.objects.get(pk=upgrade.pk)
     assert row.phase == "baking batch 1" and row.state == "running"  # an hour of bake ahead
-    services.upgrade_abort(upgrade_id=upgrade.pk, reason="drill")
+    with acting_as("alice"):
+        services.upgrade_abort(upgrade_id=upgrade.pk, reason="drill")
     done = run_to_end(upgrade)
-    assert done.state == "rolled_back" and done.reason == "aborted by an operator: drill"
+    assert done.state == "rolled_back" and done.reason == "aborted by alice: drill"
     assert all(n.package == old for n in Node.objects.all())
     promoted = services.upgrade_start(
         from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 3600}
@@ -128,7 +146,9 @@ def test_a_standby_node_surges_onto_the_new_version_first_and_is_spare_again_aft
     old, new = packages
     Node.objects.filter(node_id="n3").update(weight=0.0)  # spare capacity
     upgrade = services.upgrade_start(
-        from_package_id=old.pk, to_package_id=new.pk, settings={"bake_s": 0}
+        from_package_id=old.pk,
+        to_package_id=new.pk,
+        settings={"bake_s": 0, "no_traffic": "proceed"},
     )
     assert [(s["node_id"], s["batch"], s["surge"]) for s in upgrade.nodes] == [
         ("n3", 0, True),

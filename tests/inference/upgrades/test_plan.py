@@ -91,14 +91,14 @@ def test_the_bake_passes_a_version_as_good_as_the_old():
     new = plan.Side(requests=40, failed=1, ttft_p95=0.6)
     gates = plan.bake_gates(old, new, SETTINGS)
     assert [g["gate"] for g in gates] == ["error_rate", "tool_parse", "ttft_p95"]
-    assert all(g["passed"] for g in gates)
+    assert all(g["passed"] for g in gates) and {g["verdict"] for g in gates} == {"pass"}
     assert gates[2]["detail"] == "TTFT P95 0.60 s (new) against 0.50 s (old), at most 1.00 s"
 
 
 def test_the_bake_fails_more_errors_broken_tool_calls_or_slower_first_tokens():
     old = plan.Side(requests=100, failed=1, ttft_p95=0.5)
     errors = plan.bake_gates(old, plan.Side(requests=20, failed=2, ttft_p95=0.5), SETTINGS)
-    assert not errors[0]["passed"]
+    assert not errors[0]["passed"] and errors[0]["verdict"] == "fail"
     assert errors[0]["detail"] == "error rate 10.0% (new) against 1.0% (old), at most 3.0%"
     tools = plan.bake_gates(old, plan.Side(requests=20, tool_parse_failures=5), SETTINGS)
     assert [g["passed"] for g in tools] == [True, False]
@@ -106,17 +106,31 @@ def test_the_bake_fails_more_errors_broken_tool_calls_or_slower_first_tokens():
     assert [g["passed"] for g in slow] == [True, True, False]
 
 
-def test_too_little_traffic_passes_and_says_so():
+def test_too_little_traffic_is_skipped_never_a_pass():
     gates = plan.bake_gates(plan.Side(requests=50), plan.Side(requests=2, failed=2), SETTINGS)
     assert gates == [
         {
             "gate": "bake",
-            "passed": True,
-            "detail": "too little traffic to compare (2 requests on the new version, 50 on the "
-            "old; at least 3 each)",
-            "values": {},
+            "verdict": "skipped",
+            "passed": False,
+            "detail": "skipped: too little traffic to compare (2 requests on the new version, "
+            "50 on the old; at least 3 each)",
+            "values": {"new_requests": 2, "old_requests": 50, "min_requests": 3},
         }
     ]
+    # no request on a side compares nothing, whatever min_requests says
+    none = plan.bake_gates(plan.Side(), plan.Side(requests=9), {**SETTINGS, "min_requests": 0})
+    assert [g["verdict"] for g in none] == ["skipped"]
+    compared = plan.bake_gates(plan.Side(requests=3), plan.Side(requests=3), SETTINGS)
+    assert [g["verdict"] for g in compared] == ["pass", "pass"]  # no TTFT on either side
+
+
+def test_the_no_traffic_rule_is_pause_or_proceed():
+    assert plan.settings_with_defaults({})["no_traffic"] == "pause"
+    assert plan.settings_with_defaults({"no_traffic": "proceed"})["no_traffic"] == "proceed"
+    with pytest.raises(plan.BadSettings, match="^no_traffic: one of pause, proceed$") as bad:
+        plan.settings_with_defaults({"no_traffic": "go"})
+    assert bad.value.field == "no_traffic"
 
 
 def test_standby_nodes_surge_first_then_serving_ones_in_batches():

@@ -1,0 +1,51 @@
+"""How an upgrade's steps are recorded and how it ends: a gate's verdict (its row in
+``Upgrade.gates`` and a line of the event log), a rollback, the end of the upgrade. Shared by
+the driver (``inference.upgrades.driver``) and the bake (``inference.upgrades.bake``); the
+caller saves the row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from inference.models import Upgrade
+from inference.upgrades.services import upgrade_event
+from nodes.models import Node
+
+State = Upgrade.State
+MARKS = {"pass": "passed", "fail": "FAILED", "skipped": "skipped"}
+
+
+def record_gate(upgrade: Upgrade, node_id: str, result: dict[str, Any]) -> None:
+    """Append ``result`` (``{"gate", "passed", "detail", "values"}``, with ``verdict`` ``pass``,
+    ``fail`` or ``skipped``; without one, ``passed`` decides pass or fail) to the upgrade's
+    gates, stamped now, and log it (``node_id`` "" for the array)."""
+    verdict = result.get("verdict") or ("pass" if result["passed"] else "fail")
+    row = {"at": timezone.now().isoformat(), "node_id": node_id, **result, "verdict": verdict}
+    row["passed"] = verdict == "pass"
+    upgrade.gates = [*upgrade.gates, row]
+    upgrade_event(
+        upgrade, "gate", f"{result['gate']} {MARKS[verdict]}: {result['detail']}", node_id
+    )
+
+
+def roll_back(upgrade: Upgrade, why: str) -> None:
+    """Turn the upgrade around: new sessions to the old version now, every moved node back."""
+    upgrade.state, upgrade.reason, upgrade.new_share = State.ROLLING_BACK, why, 0.0
+    upgrade.phase = "rolling back"
+    upgrade_event(upgrade, "rollback", f"rolling back: {why}")
+
+
+def finish(upgrade: Upgrade, state: str, why: str) -> None:
+    """End the upgrade as ``state`` (succeeded, rolled_back, failed) saying ``why``; its surge
+    nodes are standby again (weight 0, on whichever version they serve)."""
+    upgrade.state, upgrade.finished_at, upgrade.phase = state, timezone.now(), ""
+    surged = [s["node_id"] for s in upgrade.nodes if s.get("surge")]
+    if surged:
+        Node.objects.filter(node_id__in=surged).update(weight=0.0)
+        upgrade_event(upgrade, "surge_end", f"standby again: {', '.join(surged)}")
+    if state == State.SUCCEEDED:
+        upgrade.new_share = 1.0
+        upgrade.reason = why
+    upgrade_event(upgrade, state, why)
