@@ -17,12 +17,16 @@ LLAMA_VERSION := 0.3.36
 ifeq ($(shell uname -m),x86_64)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 endif
-WHEELS := $(HOME)/.cache/phalanx-wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+# LLAMA_EXTRA_CMAKE_ARGS adds options to these (what a device validation's cpu.build warning
+# names: make -B install LLAMA_EXTRA_CMAKE_ARGS="-DGGML_AVX512=ON"); -B because .installed is
+# newer than pyproject.toml, so a plain make install has nothing to do.
+LLAMA_ALL_CMAKE_ARGS := $(strip $(LLAMA_CMAKE_ARGS) $(LLAMA_EXTRA_CMAKE_ARGS))
+WHEELS := $(HOME)/.cache/phalanx-wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_ALL_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_ALL_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
 	$(PY) -m pip install --quiet --no-index --no-deps --force-reinstall --find-links $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
 	$(PY) -m pip install --quiet -e '.[test,scale,bench]'
 	touch $@

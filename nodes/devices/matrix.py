@@ -120,23 +120,37 @@ def build_rules(facts: Facts, matrix: dict[str, Any], flags: set[str]) -> list[R
     if not features:
         return [RuleResult("cpu.build", WARN, "unknown: llama.cpp's system info could not be read")]
     unused = [
-        f"{flag} ({name})"
+        (flag, name)
         for flag, name in matrix["cpu"]["build_features"].items()
         if flag in flags and features.get(name) != "1"
     ]
     if unused:
-        return [
-            RuleResult(
-                "cpu.build",
-                WARN,
-                f"the CPU has {', '.join(unused)} but this llama.cpp build does not use them: "
-                "a build for this CPU (make install LLAMA_CMAKE_ARGS=-DGGML_NATIVE=ON, where "
-                "the kernel lets processes use them; docs/validation.md) may run faster",
-            )
-        ]
+        return [RuleResult("cpu.build", WARN, _build_advice(unused, matrix))]
     return [
         RuleResult("cpu.build", PASS, "llama.cpp's build uses every instruction set it knows here")
     ]
+
+
+REBUILD = 'make -B install LLAMA_EXTRA_CMAKE_ARGS="{}"'
+
+
+def _build_advice(unused: list[tuple[str, str]], matrix: dict[str, Any]) -> str:
+    """The cpu.build warning for ``unused`` (``(cpu flag, llama.cpp feature)``): the command
+    that rebuilds llama-cpp-python with the options that add them (matrix ``build_options``;
+    checked with ``make -n -B``), and what it cannot add, said as such."""
+    options = matrix["cpu"].get("build_options") or {}
+    named = ", ".join(f"{flag} ({name})" for flag, name in unused)
+    adds = [options[name] for _, name in unused if name in options]
+    left = [name for _, name in unused if name not in options]
+    text = f"the CPU has {named} but this llama.cpp build does not use them"
+    if adds:
+        text += f": {REBUILD.format(' '.join(adds))} builds it in (then start the nodes again)"
+    if left:
+        text += (
+            f"; {', '.join(left)}: no build option Phalanx knows to work adds it "
+            "(docs/validation.md, llama-cpp-python's build)"
+        )
+    return text
 
 
 def repack_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
@@ -173,7 +187,9 @@ def repack_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
                 "quantization.repack",
                 WARN,
                 f"this llama.cpp build has repacking off (REPACK = {features.get('REPACK')}): "
-                f"{quant} batches poorly; rebuild with GGML_CPU_REPACK=ON",
+                f"{quant} batches poorly; "
+                + REBUILD.format("-DGGML_CPU_REPACK=ON")
+                + " builds it in",
             )
         ]
     return [RuleResult("quantization.repack", PASS, f"{quant} has a repacked kernel on this CPU")]

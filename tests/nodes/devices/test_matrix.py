@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -142,7 +144,34 @@ def test_it_warns_when_the_build_skips_an_instruction_set_the_cpu_has(machine):
     inventory = collect(machine("xeon-2numa-avx512"))
     inventory["llama"]["features"]["AVX512"] = "0"
     status, reason = results(inventory)["cpu.build"]
-    assert status == "warn" and "avx512f (AVX512)" in reason and "GGML_NATIVE=ON" in reason
+    assert status == "warn" and "avx512f (AVX512)" in reason
+    # the command it names is one that rebuilds (a plain `make install` has nothing to do, and
+    # the Makefile never builds GGML_NATIVE on purpose)
+    assert 'make -B install LLAMA_EXTRA_CMAKE_ARGS="-DGGML_AVX512=ON"' in reason
+    assert "NATIVE" not in reason
+
+
+def test_it_names_no_command_for_a_feature_no_build_option_adds(machine):
+    inventory = collect(machine("xeon-2numa-avx512"))
+    inventory["cpu"]["flags"] = [*inventory["cpu"]["flags"], "amx_int8"]
+    inventory["llama"]["features"]["AMX_INT8"] = "0"
+    reason = results(inventory)["cpu.build"][1]
+    assert "AMX_INT8: no build option Phalanx knows to work adds it" in reason
+    assert "GGML_AMX" not in reason and "NATIVE" not in reason
+
+
+def test_the_advised_rebuild_reaches_the_build_with_its_option():
+    """``make -n -B install LLAMA_EXTRA_CMAKE_ARGS=...`` (a dry run): pip builds a wheel with
+    the Makefile's flags plus the option, instead of "Nothing to be done"."""
+    out = subprocess.run(
+        ["make", "-n", "-B", "install", "LLAMA_EXTRA_CMAKE_ARGS=-DGGML_AVX512=ON"],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "Nothing to be done" not in out
+    assert "-DGGML_AVX2=ON" in out and "-DGGML_AVX512=ON" in out and "pip wheel" in out
 
 
 def test_it_fails_a_cpu_without_avx2():
