@@ -23,6 +23,7 @@ from tests.support.processes import (
     REPO,
     Proc,
     control_plane_at_home,
+    manage_shell,
     spawn,
     start_node,
 )
@@ -74,6 +75,7 @@ class Array:
     url: str
     token: str
     procs: list[Proc]
+    env: dict[str, str] | None = None  # what another process needs to reach its database
 
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -87,7 +89,7 @@ def array(tmp_path_factory) -> Iterator[Array]:
     daphne, token, extra = control_plane_at_home(home, setup=SETUP)
     loop = spawn([sys.executable, "manage.py", "controlloop"], home / "controlloop.log", env=extra)
     try:
-        yield Array(url=daphne.url, token=token, procs=[daphne, loop])
+        yield Array(url=daphne.url, token=token, procs=[daphne, loop], env=extra)
     finally:
         for proc in (loop, daphne):
             proc.stop()
@@ -168,7 +170,7 @@ def test_it_chats_in_the_playground_and_shows_node_and_timings(page_as, array, h
     page.fill("#message", "Say hello.")
     page.click("#send")
     meta = page.locator(".msg.assistant .meta.done")
-    playwright_sync.expect(meta).to_contain_text(f"node {healthy_node}", timeout=120_000)
+    playwright_sync.expect(meta).to_contain_text(f"on {healthy_node}", timeout=120_000)
     assert "TTFT" in meta.inner_text() and "tok/s" in meta.inner_text()
     assert page.locator(".msg.assistant .content").inner_text().strip()
     shot(page, "playground")
@@ -389,3 +391,50 @@ def test_the_routing_table_shows_a_new_session_live_and_its_decisions(page_as, a
     row.locator("a[href^='/sessions/']").first.click()
     playwright_sync.expect(page.locator("#decisions")).to_contain_text(f"placed on {healthy_node}")
     shot(page, "session")
+
+
+UPGRADED = """
+from inference.models import ModelPackage
+from nodes.models import Node
+old = ModelPackage.objects.get(name="{old}", version="1")
+new, _ = ModelPackage.objects.get_or_create(
+    name="{new}", version="1",
+    defaults=dict(family=old.family, gguf_path=old.gguf_path, sha256=old.sha256,
+                  quantization="Q4_K_M", status="approved"),
+)
+Node.objects.filter(node_id="{node}").update(package=new, served_name="{old}")
+"""
+
+RESTORED = """
+from inference.models import ModelPackage
+from nodes.models import Node
+Node.objects.filter(node_id="{node}").update(
+    package=ModelPackage.objects.get(name="{old}", version="1"), served_name=""
+)
+"""
+
+
+def test_the_playground_names_the_family_and_the_version_serving_after_an_upgrade(
+    page_as, array, healthy_node
+):
+    """The state a Q4_1 -> Q4_K_M upgrade leaves (issue 28): the node's package is the new
+    version, served as the old name. The Playground offers the family with its up count and
+    the version on it; an answer says which version served it."""
+    new = "smollm2-135m-instruct-q4_k_m"
+    names = {"old": PACKAGE, "new": new, "node": healthy_node}
+    manage_shell(array.env or {}, UPGRADED.format(**names))
+    try:
+        page = page_as("viewer")
+        page.goto(f"{array.url}/playground/")
+        options = page.locator("#model option").all_inner_texts()
+        assert [o.split(" (")[0] for o in options] == ["smollm2-135m-instruct"]
+        assert options[0].startswith(f"smollm2-135m-instruct (1 up: {new}:1 on 1")
+        page.fill("#max-tokens", "8")
+        page.fill("#message", "Say hello.")
+        page.click("#send")
+        meta = page.locator(".msg.assistant .meta.done")
+        playwright_sync.expect(meta).to_contain_text(f"{new}:1 on {healthy_node}", timeout=120_000)
+        assert page.locator(".msg.assistant .content").inner_text().strip()
+        shot(page, "playground-after-upgrade")
+    finally:
+        manage_shell(array.env or {}, RESTORED.format(**names))
