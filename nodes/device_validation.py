@@ -27,10 +27,25 @@ from django.utils import timezone
 from console.live import live_node_changed
 from nodes import client as node_client
 from nodes.devices.inventory import diff
-from nodes.devices.matrix import FAIL, Facts, RuleResult, evaluate, overall
+from nodes.devices.matrix import (
+    FAIL,
+    Facts,
+    RuleResult,
+    evaluate,
+    load_matrix,
+    overall,
+    pool_rules,
+)
 from nodes.models import Node, NodeEvent, ValidationRun
 from nodes.validation_machines import Placement, may_start
-from nodes.validation_pool import BENCH_KEYS, figure, pool_figures, speeds_refresh
+from nodes.validation_pool import (
+    BENCH_KEYS,
+    figure,
+    pool_figures,
+    pool_note,
+    pool_rejudge,
+    speeds_refresh,
+)
 
 log = logging.getLogger(__name__)
 Run = ValidationRun
@@ -297,6 +312,7 @@ def validation_finish(run: ValidationRun, report: Any) -> ValidationRun:
         engine=report["engine"],
         bench=report["bench"],
         pool_decode_tok_s_8=pool.get("decode_tok_s_8"),
+        pool_note=pool_note(pool),
     )
     previous = (
         node.validation_runs.exclude(pk=run.pk)
@@ -322,8 +338,20 @@ def validation_finish(run: ValidationRun, report: Any) -> ValidationRun:
         changes=changes,
     )
     if ended:
+        pool_rejudge(package_id=run.package_id, rule=_pool_rule)
         speeds_refresh(package_id=run.package_id)
     return run
+
+
+def _pool_rule(bench: dict[str, Any], pool: dict[str, Any]) -> list[dict[str, str]]:
+    """The pool rule alone, for ``pool_rejudge``."""
+    facts = Facts(
+        inventory={},
+        bench=bench,
+        pool_decode_tok_s_8=pool.get("decode_tok_s_8"),
+        pool_note=pool_note(pool),
+    )
+    return [r.as_dict() for r in pool_rules(facts, load_matrix())]
 
 
 @transaction.atomic

@@ -45,12 +45,14 @@ class Facts:
     ``kv_bytes_per_token``, ``model_bytes``, ``host_ram_bytes``, ``held_bytes``: memory the
     node process holds now, ``quantization``: the GGUF file type such as ``Q4_K_M``);
     ``bench``: the benchmark figures; ``pool_decode_tok_s_8``: the median of the other nodes
-    serving the same package (None when there are none)."""
+    serving the same package (None when there are none); ``pool_note``: why there is no pool
+    median, in the pool rule's words (``nodes.validation_pool.pool_note``)."""
 
     inventory: dict[str, Any]
     engine: dict[str, Any] = field(default_factory=dict)
     bench: dict[str, Any] = field(default_factory=dict)
     pool_decode_tok_s_8: float | None = None
+    pool_note: str = "no other node serves this package to compare"
 
 
 def overall(results: list[RuleResult]) -> str:
@@ -398,7 +400,7 @@ def pool_rules(facts: Facts, matrix: dict[str, Any]) -> list[RuleResult]:
             RuleResult(
                 "pool",
                 PASS,
-                f"decodes {mine:.1f} tok/s at 8 sequences; no other node serves this package to compare",
+                f"decodes {mine:.1f} tok/s at 8 sequences; {facts.pool_note}",
             )
         ]
     ratio = mine / pool

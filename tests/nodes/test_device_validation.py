@@ -340,3 +340,42 @@ def test_the_migration_waives_nodes_registered_before_validation(package):
     migration.waive_existing_nodes(apps, None)
     node = Node.objects.get()
     assert node.validation == "waived" and node.device_instance == ""
+
+
+def test_runs_that_overlap_are_each_compared_with_the_other(fleet, client, admin_user):
+    """Two nodes on CPUs of their own validate together: the first run to end saw its peer
+    still validating; once the peer's run ends it is judged again beside it, and each page
+    reads "Pool median (1 other node)"."""
+    fleet("node-01", report("nvidia-l4", decode_8=100.0, threads=4))
+    fleet("node-02", report("nvidia-l4", decode_8=300.0, threads=4))
+    Node.objects.filter(node_id="node-01").update(cpu_set="0")
+    Node.objects.filter(node_id="node-02").update(cpu_set="1")
+    settle()
+    runs = {r.node.node_id: r for r in ValidationRun.objects.select_related("node")}
+    assert {n: r.pool["nodes"] for n, r in runs.items()} == {"node-01": 1, "node-02": 1}
+    assert runs["node-01"].pool["decode_tok_s_8"] == 300.0
+    assert runs["node-02"].pool["decode_tok_s_8"] == 100.0
+    pool_rule = next(r for r in runs["node-01"].rules if r["rule"] == "pool")
+    assert pool_rule["reason"] == (
+        "decodes 100.0 tok/s at 8 sequences, 33% of the pool's median 300.0: look for a busy "
+        "neighbour, a lower clock or fewer memory channels"
+    )
+    client.force_login(admin_user)
+    page = client.get("/validation/node-01/").content.decode()
+    assert "Pool median (1 other node)" in page
+
+
+def test_the_pool_says_why_a_node_serving_the_package_is_not_in_it(fleet):
+    fleet("node-01", report("nvidia-l4", decode_8=100.0, threads=4))
+    fleet("node-02", report("cgroup-limited", threads=4))  # fails: threads over its budget
+    settle()
+    Node.objects.filter(node_id="node-01").update(validation="pending", device_instance="")
+    settle()
+    run = ValidationRun.objects.filter(node__node_id="node-01").first()
+    assert run.pool["nodes"] == 0
+    assert run.pool["left_out"] == [{"node_id": "node-02", "why": "failed validation"}]
+    pool_rule = next(r for r in run.rules if r["rule"] == "pool")
+    assert pool_rule["reason"] == (
+        "decodes 100.0 tok/s at 8 sequences; no other node's figures to compare yet: "
+        "node-02 failed validation"
+    )
