@@ -83,5 +83,8 @@ def _known(model: str) -> str | None:
         return None
     if ModelPackage.objects.filter(family=name).exists():
         return name
+    names = ModelPackage.objects.filter(name__startswith=name).values_list("name", flat=True)
+    if any(family_of(n) == name for n in names):  # a version without a family recorded
+        return name
     served = Node.objects.filter(served_name=name).exists()
     return family_of(name) if served else None

@@ -17,9 +17,10 @@ class ModelPackage(models.Model):
     Once saved, the fields in ``IMMUTABLE_FIELDS`` cannot change; a change is a new version (a
     new row). ``status`` moves ``draft -> evaluating -> approved | rejected -> retired``
     (``STATUS_MOVES``); an evaluation's figures are kept on the version (``evaluation``,
-    ``gate``). The OpenAI ``model`` a client passes is ``name`` (newest version) or
-    ``name:version``; ``family`` groups the versions of one model across quantizations (the
-    gate policy and the side-by-side comparison are per family).
+    ``gate``). ``family`` groups the versions of one model across quantizations (the gate
+    policy and the side-by-side comparison are per family) and is the OpenAI ``model`` clients
+    ask for; a package's ``name`` or ``name:version`` resolves to its family
+    (``inference.model_names``).
     """
 
     class Status(models.TextChoices):

@@ -141,3 +141,9 @@ async def test_an_unknown_name_is_still_404(steady):
     )
     assert response.status_code == 404
     assert json.loads(response.content)["error"]["code"] == "model_not_found"
+
+
+async def test_a_family_without_a_recorded_family_field_resolves_too(steady):
+    await upgraded(*steady)
+    await sync_to_async(ModelPackage.objects.update)(family="")
+    assert await sync_to_async(lookups.model_for_request)(FAMILY) == FAMILY
