@@ -231,7 +231,10 @@ class UpgradeForm(forms.Form):
         queryset=None, label="From (served now)", help_text="The version the nodes serve."
     )
     to_package = forms.ModelChoiceField(
-        queryset=None, label="To (approved)", help_text="Only approved versions are rolled out."
+        queryset=None,
+        label="To (approved)",
+        help_text="Only approved versions are rolled out; the others are listed below.",
+        empty_label="(choose an approved version)",
     )
     model = forms.CharField(
         max_length=128, required=False, help_text="The name clients ask for (blank: as now)."
@@ -242,6 +245,13 @@ class UpgradeForm(forms.Form):
     )
     bake_s = forms.FloatField(min_value=0.0, initial=30.0, label="Bake (s)")
     drain_timeout_s = forms.FloatField(min_value=0.0, initial=120.0, label="Drain timeout (s)")
+    no_traffic = forms.ChoiceField(
+        choices=(("pause", "Pause for me"), ("proceed", "Go on")),
+        initial="pause",
+        required=False,
+        label="When a bake compares nothing",
+        help_text="Too little traffic on a version, after waiting another bake time.",
+    )
     # node settings rolled with it (blank: as the node runs now), bounded as the service is
     NODE_SETTINGS = tuple(NODE_SETTING_LIMITS)
     threads = _node_setting("threads", "Threads (node setting)")
@@ -270,6 +280,7 @@ class UpgradeForm(forms.Form):
             for k in ("max_unavailable", "canary_share", "bake_s", "drain_timeout_s")
             if data.get(k) is not None
         }
+        settings["no_traffic"] = data.get("no_traffic") or "pause"
         node_settings = {k: data[k] for k in self.NODE_SETTINGS if data.get(k) is not None}
         return {
             "from_package_id": data["from_package"].pk,

@@ -17,8 +17,8 @@ from console.errors import ConsoleError, NotFound
 from console.forms import UpgradeForm
 from console.models import Role
 from console.views import _form_error, _render
-from inference.api_upgrades import upgrade_out
-from inference.models import Upgrade
+from inference.api_upgrades import override_reason, upgrade_out
+from inference.models import ModelPackage, Upgrade
 from inference.upgrades import services
 
 STATE_COLOURS = {
@@ -61,9 +61,39 @@ def upgrades(request: HttpRequest) -> HttpResponse:
     return _render(
         request,
         "console/upgrades.html",
-        {"page": "upgrades", "upgrades": rows, "form": form, "colours": STATE_COLOURS},
+        {
+            "page": "upgrades",
+            "upgrades": rows,
+            "form": form,
+            "colours": STATE_COLOURS,
+            "unapproved": unapproved_versions(),
+        },
         status=status,
     )
+
+
+def unapproved_versions(limit: int = 50) -> list[dict[str, Any]]:
+    """Versions an upgrade cannot roll out yet (draft, evaluating, rejected; not
+    completion-only), newest first, each ``{"package", "status", "verdict"}`` with its gate's
+    verdict in words, for the start form's "not approved yet" list (each links to its
+    package page, where an admin approves it, with a reason when its gate has not passed)."""
+    Status = ModelPackage.Status
+    rows = ModelPackage.objects.filter(
+        status__in=(Status.DRAFT, Status.EVALUATING, Status.REJECTED)
+    ).exclude(template_source=ModelPackage.TemplateSource.NONE)
+    return [
+        {"package": p, "status": p.get_status_display(), "verdict": gate_verdict(p.gate)}
+        for p in rows.order_by("-created_at")[:limit]
+    ]
+
+
+def gate_verdict(gate: dict[str, Any] | None) -> str:
+    """A package gate's verdict in words: "not evaluated", "passed", or its summary ("failed:
+    tool_accuracy 0.31 < 0.50"), marked when the evaluation was partial."""
+    if not gate:
+        return "not evaluated"
+    summary = gate.get("summary") or ("passed" if gate.get("passed") else "failed")
+    return summary if gate.get("complete", True) else f"{summary} (partial evaluation)"
 
 
 def _at_form_field(exc: ConsoleError) -> ConsoleError:
@@ -92,6 +122,8 @@ def upgrade_detail(row: Upgrade) -> dict[str, Any]:
     """What the page shows: the upgrade as the API gives it, its events and samples."""
     return {
         "upgrade": row,
+        "override": override_reason(row.to_package),
+        "to_gate": gate_verdict(row.to_package.gate),
         "data": upgrade_out(row),
         "events": list(
             reversed(

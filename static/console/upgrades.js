@@ -5,6 +5,7 @@
   "use strict";
   const POLL_MS = 2000;
   const FINISHED = new Set(["succeeded", "rolled_back", "failed"]);
+  const VERDICTS = {pass: "✓ pass", fail: "✗ fail", skipped: "– skipped"};
   const COLOURS = {green: "#1f9d55", red: "#d64545", orange: "#d98a14", grey: "#8a939e", blue: "#2456d6"};
 
   function embedded(id, fallback) {
@@ -39,10 +40,22 @@
       tr[2].dataset.node = s.node_id;
       return tr;
     }));
-    fill("upgrade-gates", u.gates.map(g => [cell(when(g.at)), cell(g.node_id || "array"), cell(g.gate),
-      cell(g.passed ? "✓ pass" : "✗ fail", g.passed ? "pass" : "fail"), cell(g.detail, "small")]));
+    fill("upgrade-gates", u.gates.map(g => {
+      const verdict = g.verdict || (g.passed ? "pass" : "fail");
+      return [cell(when(g.at)), cell(g.node_id || "array"), cell(g.gate),
+        cell(VERDICTS[verdict] || verdict, verdict), cell(g.detail, "small")];
+    }));
+    showActions(u.state);
+  }
+
+  // only the actions the upgrade's state allows: Pause while it runs, Resume while paused
+  function showActions(state) {
     const actions = document.getElementById("upgrade-actions");
-    if (actions && FINISHED.has(u.state)) actions.hidden = true;
+    if (!actions) return;
+    actions.hidden = FINISHED.has(state);
+    for (const form of actions.querySelectorAll("form[data-show-when]")) {
+      form.hidden = !form.dataset.showWhen.split(" ").includes(state);
+    }
   }
 
   function drawEvents(events) {
@@ -61,7 +74,10 @@
     const layout = {
       margin: {l: 50, r: 50, t: 10, b: 40}, height: 320, legend: {orientation: "h"},
       yaxis: {title: {text: "sessions (last minute)"}, rangemode: "tozero"},
-      yaxis2: {title: {text: "%"}, overlaying: "y", side: "right", range: [0, 105]},
+      // the share's axis at round percentages, whatever the sessions' axis does
+      yaxis2: {title: {text: "share of new sessions"}, overlaying: "y", side: "right", range: [0, 105],
+        tickmode: "array", tickvals: [0, 25, 50, 75, 100], ticktext: ["0 %", "25 %", "50 %", "75 %", "100 %"],
+        showgrid: false},
     };
     Plotly.react(el, traces, layout, {displayModeBar: false, responsive: true});
     el.dataset.points = String(samples.length);

@@ -30,9 +30,12 @@ upgrade = Upgrade.objects.create(
     new_share=0.25, settings={"max_unavailable": 1, "canary_share": 0.25, "bake_s": 30, "drain_timeout_s": 120},
     nodes=[{"node_id": "node-01", "batch": 0, "state": "done", "since": now, "detail": "serves the new version and takes traffic"},
            {"node_id": "node-02", "batch": 1, "state": "waiting", "since": now, "detail": ""}],
-    gates=[{"at": now, "node_id": "node-01", "gate": "smoke", "passed": True, "detail": "passed: tool_call, tool_result", "values": {}}],
+    gates=[{"at": now, "node_id": "node-01", "gate": "smoke", "passed": True, "detail": "passed: tool_call, tool_result", "values": {}},
+           {"at": now, "node_id": "", "gate": "bake", "verdict": "skipped", "passed": False, "detail": "skipped: too little traffic to compare (2 requests on the new version, 23 on the old; at least 3 each) after 60 s; paused by the upgrade's rule (no_traffic: pause)", "values": {}}],
     started_at=timezone.now())
 upgrade_event(upgrade, "started", "the upgrade started")
+ModelPackage.objects.create(name="smol-q2_k", version="1", gguf_path="/x/c", sha256="c" * 64, status="rejected",
+    gate={"passed": False, "summary": "failed: tool_accuracy 0.31 < 0.50", "criteria": []})
 for i in range(6):
     s = UpgradeSample.objects.create(upgrade=upgrade, old_sessions=6 - i, new_sessions=i, new_share=0.25)
     UpgradeSample.objects.filter(pk=s.pk).update(at=timezone.now() - timedelta(seconds=10 * (6 - i)))
@@ -47,6 +50,57 @@ def array(tmp_path_factory) -> Iterator[ShellArray]:
 
 
 DRAWN_LINES = "() => document.querySelectorAll('#traffic-chart .scatterlayer .trace').length"
+
+
+def set_state(array: ShellArray, state: str) -> None:
+    array.shell(
+        "from inference.models import Upgrade\n"
+        f"Upgrade.objects.filter(model='smol-q4_1').update(state={state!r})\n"
+    )
+
+
+def test_what_an_operator_reads_a_skipped_bake_one_of_pause_resume_round_ticks(page_as, array):
+    """Issue 28: a bake that compared nothing reads "skipped", not a green pass; only the
+    button that applies (Pause while it runs, Resume while paused, following the state
+    without a reload); the traffic split's share axis at round percentages; the versions
+    not approved yet listed under the start form with their gate verdict and a link to
+    approve them."""
+    page = page_as("operator")
+    page.goto(f"{array.url}/upgrades/")
+    listed = page.locator("#unapproved-versions").get_by_role("row").filter(has_text="smol-q2_k:1")
+    playwright_sync.expect(listed).to_contain_text("Rejected")
+    playwright_sync.expect(listed).to_contain_text("failed: tool_accuracy 0.31 < 0.50")
+    approve = listed.get_by_role("link", name="Approve with a reason →")
+    playwright_sync.expect(approve).to_be_visible()
+    assert approve.get_attribute("href").endswith("#approve-form")
+    form = page.locator("#upgrade-form")
+    playwright_sync.expect(form.get_by_label("When a bake compares nothing")).to_be_visible()
+    assert form.evaluate("f => getComputedStyle(f).display") == "grid"  # fields in rows
+    page.click("#upgrade-history a")
+    gate = page.locator("#upgrade-gates").get_by_role("row").filter(has_text="array")
+    playwright_sync.expect(gate.get_by_role("cell").nth(2)).to_have_text("bake")
+    playwright_sync.expect(gate.get_by_role("cell").nth(3)).to_have_text("– skipped")
+    playwright_sync.expect(gate.get_by_role("cell").nth(4)).to_contain_text(
+        "skipped: too little traffic to compare (2 requests on the new version, 23 on the old"
+    )
+    assert "pass" not in gate.get_by_role("cell").nth(3).inner_text()
+    pause = page.get_by_role("button", name="Pause")
+    resume = page.get_by_role("button", name="Resume")
+    playwright_sync.expect(pause).to_be_visible()
+    playwright_sync.expect(resume).to_be_hidden()
+    page.wait_for_function(f"({DRAWN_LINES})() >= 3")
+    ticks = page.locator("#traffic-chart .y2tick text").evaluate_all(
+        "texts => texts.map(t => t.textContent)"
+    )
+    assert ticks == ["0 %", "25 %", "50 %", "75 %", "100 %"]
+    set_state(array, "paused")
+    playwright_sync.expect(resume).to_be_visible(timeout=15_000)
+    playwright_sync.expect(pause).to_be_hidden()
+    playwright_sync.expect(page.get_by_role("button", name="Promote now")).to_be_visible()
+    shot(page, "upgrade-skipped-bake")
+    set_state(array, "running")
+    playwright_sync.expect(pause).to_be_visible(timeout=15_000)
+    playwright_sync.expect(resume).to_be_hidden()
 
 
 def test_the_upgrade_page_shows_the_timeline_gates_and_traffic_and_follows_it(page_as, array):

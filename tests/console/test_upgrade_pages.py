@@ -185,3 +185,44 @@ def test_an_unknown_upgrade_or_action_is_a_404(login, versions):
     assert client.post(f"/upgrades/{upgrade.pk}/explode/").status_code == 404
     assert client.get(f"/upgrades/{upgrade.pk}/pause/").status_code == 405
     assert Upgrade.objects.get().state == "pending"
+
+
+def test_versions_not_approved_are_listed_with_their_verdict_and_the_way_to_approve(
+    login, versions
+):
+    """Issue 28: "To (approved)" alone was a dead end; the versions that cannot be rolled
+    out yet are listed with their gate's verdict and a link to the package page's approve
+    form (with a reason when the gate has not passed)."""
+    rejected = ModelPackage.objects.create(
+        name="smol",
+        version="3",
+        gguf_path="/x/3",
+        sha256="c" * 64,
+        status="rejected",
+        gate={"passed": False, "summary": "failed: tool_accuracy 0.31 < 0.50"},
+    )
+    ModelPackage.objects.create(name="smol", version="4", gguf_path="/x/4", sha256="d" * 64)
+    response = login("operator").get("/upgrades/")
+    text = visible_text(response)
+    assert "Versions not approved yet" in text
+    assert "smol:3 Rejected failed: tool_accuracy 0.31 < 0.50 Approve with a reason →" in text
+    assert "smol:4 Draft not evaluated Approve with a reason →" in text
+    assert f'href="/packages/{rejected.pk}/#approve-form"' in response.content.decode()
+
+
+def test_an_upgrade_to_an_overridden_version_says_so_and_takes_the_no_traffic_rule(login, versions):
+    old, new = versions
+    ModelPackage.objects.filter(pk=new.pk).update(
+        status_reason="override: tool calls checked by hand",
+        gate={"passed": False, "summary": "failed: perplexity +12%"},
+    )
+    client = login("operator")
+    response = client.post("/upgrades/", form(old, new, no_traffic="proceed"), follow=True)
+    upgrade = Upgrade.objects.get()
+    assert upgrade.settings["no_traffic"] == "proceed"
+    text = visible_text(response)
+    assert (
+        "smol:2 was approved over its gate (failed: perplexity +12%): override “tool calls "
+        "checked by hand”." in text
+    )
+    assert "a bake that compares nothing: proceed" in text
