@@ -20,6 +20,7 @@ from console.models import Role
 from console.views import _render
 from nodes.devices.inventory import summary
 from nodes.models import Node, ValidationRun
+from nodes.startup import validation_estimate
 
 STATUS_COLOURS = {
     "pending": "grey",
@@ -84,6 +85,7 @@ def validation_node(request: HttpRequest, node_id: str) -> HttpResponse:
             "inventory": summary(report.inventory) if report else [],
             "figures": _figures(report),
             "open_run": open_run,
+            "estimate": validation_estimate([node.node_id]).text,
             "colours": STATUS_COLOURS,
             "run_colours": ValidationRun.STATE_COLOURS,
         },

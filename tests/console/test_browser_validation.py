@@ -55,12 +55,11 @@ def array(tmp_path_factory) -> Iterator[ShellArray]:
 
 DRAWN_BARS = "() => document.querySelectorAll('#bench-chart .barlayer .point').length"
 PLOTTED = "() => document.getElementById('bench-chart').data.map(t => [t.name, t.x, t.y])"
-LABELS = [
-    "Memory bandwidth (GB/s)",
-    "Prompt processing (tok/s)",
-    "Decode, 1 sequence (tok/s)",
-    "Decode, 8 sequences (tok/s)",
-]
+AXIS_TITLES = (
+    "() => [...document.querySelectorAll('#bench-chart .g-ytitle, #bench-chart .g-y2title')]"
+    ".map(t => t.textContent)"
+)
+TOK_S = ["Prompt processing", "Decode, 1 sequence", "Decode, 8 sequences"]
 
 
 def test_the_pages_show_status_report_diff_and_follow_validate_now(page_as, array):
@@ -86,10 +85,14 @@ def test_the_pages_show_status_report_diff_and_follow_validate_now(page_as, arra
     expect(figures).to_contain_text("200.0 tok/s")  # the pool: node-02
     page.wait_for_function(f"({DRAWN_BARS})() == 8")  # 4 figures, this node and the pool
     # the values plotted: this node's last run beside the pool (node-02 alone, 200 tok/s)
+    # GB/s and tok/s on axes of their own, each titled with its unit
     assert page.evaluate(PLOTTED) == [
-        ["this node", LABELS, [12.0, 2000.0, 90.0, 300.0]],
-        ["pool median", LABELS, [12.0, 2000.0, 90.0, 200.0]],
+        ["this node", ["Memory bandwidth"], [12.0]],
+        ["pool median", ["Memory bandwidth"], [12.0]],
+        ["this node", TOK_S, [2000.0, 90.0, 300.0]],
+        ["pool median", TOK_S, [2000.0, 90.0, 200.0]],
     ]
+    assert page.evaluate(AXIS_TITLES) == ["memory bandwidth, GB/s", "tokens/s (log scale)"]
     history = page.locator("#validation-history tbody tr").first
     expect(history).to_contain_text("Inventory changed")
     expect(history).to_contain_text("firmware.bios_version: 2.3.5 → 2.4.1")
