@@ -31,6 +31,7 @@
         if (t.prompt_tokens != null) bits.push(`prompt ${t.prompt_tokens} (cached ${t.cached_tokens || 0})`);
         if (u.completion_tokens != null) bits.push(`${u.completion_tokens} tokens`);
         if (t.total_ms != null) bits.push(`total ${Number(t.total_ms).toFixed(0)} ms`);
+        if (current.dataset.sampling) bits.push(current.dataset.sampling);
         if (msg.finish_reason === "length") bits.push("cut off at max tokens");
         const meta = current.querySelector(".meta");
         meta.textContent = bits.join(" · "); meta.dataset.node = msg.node; meta.dataset.package = msg.package || ""; meta.classList.add("done");
@@ -51,8 +52,12 @@
     bubble("user", text);
     current = bubble("assistant", "");
     $("message").value = ""; $("send").disabled = true; setStatus("generating…");
+    // sampling is explicit: the temperature shown, and a seed drawn per message unless one is set
+    const temperature = Number.isFinite(parseFloat($("temperature").value)) ? parseFloat($("temperature").value) : 0.8;
+    const seed = $("seed").value.trim() ? parseInt($("seed").value, 10) : Math.floor(Math.random() * 2147483647);
+    current.dataset.sampling = `temperature ${temperature} · seed ${seed}`;
     socket.send(JSON.stringify({type: "user", content: text, model: $("model").value || undefined,
-                                max_tokens: parseInt($("max-tokens").value, 10) || 64}));
+                                max_tokens: parseInt($("max-tokens").value, 10) || 64, temperature, seed}));
   });
   function boundMaxTokens() {
     // a sequence holds prompt plus output: the chosen package's per-sequence limit bounds it

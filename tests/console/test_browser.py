@@ -438,3 +438,34 @@ def test_the_playground_names_the_family_and_the_version_serving_after_an_upgrad
         shot(page, "playground-after-upgrade")
     finally:
         manage_shell(array.env or {}, RESTORED.format(**names))
+
+
+def test_the_playground_samples_each_message_with_its_own_seed_and_says_so(
+    page_as, array, healthy_node
+):
+    """Issue 28: 14 prompts got one answer. The page now sends its temperature and a seed
+    drawn per message (shown with each answer), and says why a long session repeats itself;
+    the same seed and prompt in a fresh session give the same answer."""
+    page = page_as("viewer")
+    page.goto(f"{array.url}/playground/")
+    note = page.locator("#sampling-note").inner_text()
+    assert "reads the whole conversation" in note and "New session" in note
+    page.fill("#max-tokens", "8")
+    metas = page.locator(".msg.assistant .meta.done")
+    for i, prompt in enumerate(("Name a fruit.", "Name a colour.")):
+        page.fill("#message", prompt)
+        page.click("#send")
+        playwright_sync.expect(metas).to_have_count(i + 1, timeout=120_000)
+    seeds = [m.split("seed ")[1].split(" ")[0] for m in metas.all_inner_texts()]
+    assert all("temperature 0.8" in m for m in metas.all_inner_texts())
+    assert seeds[0] != seeds[1]
+    answers = []
+    for _ in range(2):
+        page.click("#new-session")
+        page.fill("#seed", "1234")
+        page.fill("#message", "Write one word.")
+        page.click("#send")
+        playwright_sync.expect(metas).to_have_count(1, timeout=120_000)
+        assert "seed 1234" in metas.inner_text()
+        answers.append(page.locator(".msg.assistant .content").inner_text())
+    assert answers[0] == answers[1]
