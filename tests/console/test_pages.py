@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 import pytest
 from django.test import Client
 
-from inference.models import RouteDecision, RoutingPolicy, SessionRoute
+from inference.models import ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
 from nodes.models import Node
 
 pytestmark = pytest.mark.django_db
@@ -250,3 +250,26 @@ def test_it_serves_prometheus_metrics_with_credentials(node, tokens, login):
 def test_it_serves_vendored_plotly(login):
     response = Client().get("/static/vendor/plotly.min.js")
     assert response.status_code == 200
+
+
+def test_the_playground_counts_up_as_routing_does_one_family_over_its_versions(login, package):
+    """Issue 28: a version's nodes count as up for the family they are served under, and only
+    nodes that may take traffic count (a validating node is not up; the packages page agrees)."""
+    newer = ModelPackage.objects.create(
+        name="smollm2-test-q4_k_m", version="1", family="smollm2-test", gguf_path="x", sha256=""
+    )
+    for node_id, validation in (("node-01", "passed"), ("node-02", "validating")):
+        Node.objects.create(
+            node_id=node_id,
+            address=f"127.0.0.1:94{node_id[-1]}0",
+            package=newer,
+            served_name=package.name,
+            state=Node.State.UP,
+            validation=validation,
+        )
+    text = visible_text(login("viewer").get("/playground/"))
+    assert "smollm2-test (1 up: smollm2-test-q4_k_m:1 on 1)" in text
+    assert "smollm2-test-q4_k_m (" not in text
+    assert "New session for an answer to the question alone" in text
+    packages = visible_text(login("viewer").get("/packages/"))
+    assert "2 (1)" in packages  # nodes (up)
