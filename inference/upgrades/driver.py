@@ -34,12 +34,16 @@ from django.db import close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.models import SessionRoute, Upgrade, UpgradeSample
+from inference.models import SessionRoute, Upgrade
 from inference.packages.evaluation.smoke import smoke_test
 from inference.upgrades.bake import bake_step
+from inference.upgrades.drain import RECENT_S
+from inference.upgrades.drain import drained as _drained
+from inference.upgrades.drain import since as _since
 from inference.upgrades.outcomes import finish as _finish
 from inference.upgrades.outcomes import record_gate as _record_gate
 from inference.upgrades.outcomes import roll_back as _roll_back
+from inference.upgrades.samples import sample
 from inference.upgrades.services import upgrade_event
 from nodes import client as node_client
 from nodes import services as node_services
@@ -47,7 +51,6 @@ from nodes.models import Node, NodeEvent
 
 log = logging.getLogger(__name__)
 State = Upgrade.State
-RECENT_S = 30.0  # a pinned session seen this recently counts against a drain
 SMOKE_TIMEOUT_S = 120.0
 
 
@@ -263,31 +266,6 @@ def _holds_last_sessions(upgrade: Upgrade, s: dict[str, Any], node: Node) -> boo
 def _move(upgrade: Upgrade, s: dict[str, Any], state: str, detail: str) -> None:
     s["state"], s["since"], s["detail"] = state, timezone.now().isoformat(), detail
     upgrade_event(upgrade, state, detail, s["node_id"])
-
-
-def _since(s: dict[str, Any]) -> float:
-    return (timezone.now() - datetime.fromisoformat(s["since"])).total_seconds()
-
-
-def _drained(node: Node, s: dict[str, Any], timeout_s: float) -> bool:
-    """No request runs or waits on ``node`` (its metrics scraped since the drain began) and
-    no session active in the last ``RECENT_S`` is pinned there, or ``timeout_s`` passed."""
-    since = datetime.fromisoformat(s["since"])
-    if node.state == Node.State.DOWN:
-        return True  # nothing to wait for: the switch will say whether it answers
-    if node.last_probe_at is None or node.last_probe_at <= since:
-        return False
-    load = node.last_seen_load or {}
-    if load.get("active") or load.get("queue"):
-        # past the timeout the switch may go ahead: requests running then end on the old
-        # engine, which the node keeps until they have (nodes/agent/switch.py)
-        return _since(s) >= timeout_s
-    recent = timezone.now() - timedelta(seconds=RECENT_S)
-    pinned = SessionRoute.objects.filter(node=node, last_seen_at__gte=recent).count()
-    if pinned and _since(s) < timeout_s:
-        s["detail"] = f"draining: {pinned} recently active sessions still pinned"
-        return False
-    return True
 
 
 def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str) -> None:
@@ -511,33 +489,3 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool)
                 node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             s.pop("revert", None)
             _move(upgrade, s, "reverted", f"back on {old.key}")
-
-
-# --- traffic samples -------------------------------------------------------------------------------
-
-
-def sample(upgrade: Upgrade) -> UpgradeSample:
-    """Sessions active in the last minute and nodes up, per version, now."""
-    recent = timezone.now() - timedelta(seconds=60)
-    routes = SessionRoute.objects.filter(last_seen_at__gte=recent)
-    up = Node.objects.filter(state=Node.State.UP)
-    if upgrade.from_package_id == upgrade.to_package_id:  # settings: the sides are nodes
-        moved = [s["node_id"] for s in upgrade.nodes if s["state"] in ("done", "reverting")]
-        mine = routes.filter(package_id=upgrade.from_package_id)
-        new_sessions = mine.filter(node__node_id__in=moved).count()
-        old_sessions = mine.count() - new_sessions
-        new_nodes = up.filter(node_id__in=moved).count()
-        old_nodes = up.filter(package_id=upgrade.from_package_id).count() - new_nodes
-    else:
-        old_sessions = routes.filter(package_id=upgrade.from_package_id).count()
-        new_sessions = routes.filter(package_id=upgrade.to_package_id).count()
-        old_nodes = up.filter(package_id=upgrade.from_package_id).count()
-        new_nodes = up.filter(package_id=upgrade.to_package_id).count()
-    return UpgradeSample.objects.create(
-        upgrade=upgrade,
-        old_sessions=old_sessions,
-        new_sessions=new_sessions,
-        old_nodes=old_nodes,
-        new_nodes=new_nodes,
-        new_share=upgrade.new_share,
-    )
