@@ -76,6 +76,7 @@ def test_what_an_operator_reads_a_skipped_bake_one_of_pause_resume_round_ticks(p
     form = page.locator("#upgrade-form")
     playwright_sync.expect(form.get_by_label("When a bake compares nothing")).to_be_visible()
     assert form.evaluate("f => getComputedStyle(f).display") == "grid"  # fields in rows
+    shot(page, "upgrades-start-form")
     page.click("#upgrade-history a")
     gate = page.locator("#upgrade-gates").get_by_role("row").filter(has_text="array")
     playwright_sync.expect(gate.get_by_role("cell").nth(2)).to_have_text("bake")
