@@ -16,6 +16,10 @@ See docs/control-plane.md, "Model names".
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.models import ModelPackage
 
 QUANT_SUFFIX = re.compile(r"[-_.](q\d(_[0-9a-z]+)*|f16|f32|bf16|iq\d\w*)$", re.IGNORECASE)
 
@@ -88,3 +92,40 @@ def _known(model: str) -> str | None:
         return name
     served = Node.objects.filter(served_name=name).exists()
     return family_of(name) if served else None
+
+
+def package_resolve(*, model: str) -> ModelPackage:
+    """The package a client's ``model`` names: ``name`` (newest version) or ``name:version``;
+    else what the routing policy's ``model_aliases`` map it to; else the policy's
+    ``default_model`` when one is set.
+
+    Raises ``UnknownModel`` naming the model. (The package itself, for the config file;
+    requests resolve to a name: ``model_resolve``.)
+    """
+    from inference.errors import UnknownModel
+    from inference.models import RoutingPolicy
+
+    package = package_named(model)
+    if package is not None:
+        return package
+    policy = RoutingPolicy.load()
+    target = (policy.model_aliases or {}).get(model.strip()) or policy.default_model
+    package = package_named(target) if target else None
+    if package is None:
+        raise UnknownModel(
+            f"The model {model!r} does not exist; GET /v1/models lists the "
+            f"models this array serves.",
+            param="model",
+        )
+    return package
+
+
+def package_named(model: str) -> ModelPackage | None:
+    """The package ``name`` (its newest version) or ``name:version`` names, or None."""
+    from inference.models import ModelPackage
+
+    name, _, version = model.strip().partition(":")
+    packages = ModelPackage.objects.filter(name=name)
+    if version:
+        packages = packages.filter(version=version)
+    return packages.order_by("-created_at", "-id").first()

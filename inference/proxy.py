@@ -33,6 +33,8 @@ from inference.relay import (
     broken_turns,
     describe_transport_error,
     inflight,
+    refuse_poison,
+    stop_if_failed_twice,
     take_out,
 )
 from inference.request_breaker import request_breaker, request_fingerprint
@@ -308,7 +310,7 @@ async def upstream_open(
             f"{policy.max_inflight}); retry shortly.",
             retry_after=1,
         )
-    _refuse_poison(payload)
+    refuse_poison(payload)
     exclude: dict[str, str] = {}
     broke_last_turn = broken_turns.take(session_id)
     if broke_last_turn:
@@ -424,7 +426,7 @@ async def _failed_before_first_byte(
     log.warning("request to %s failed before its first byte: %s", node_id, exc)
     await _exclude(node_id, _describe(exc), exclude, policy, failed=True)
     if _reached_node(exc):
-        await _stop_if_failed_twice(node_id, payload, _describe(exc))
+        await stop_if_failed_twice(node_id, payload, _describe(exc))
 
 
 def _reached_node(exc: BaseException) -> bool:
@@ -433,39 +435,6 @@ def _reached_node(exc: BaseException) -> bool:
     return not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
 
 
-async def _stop_if_failed_twice(node_id: str, payload: dict[str, Any], reason: str) -> None:
-    """Note a failure of a request the node received; raises ``UpstreamError`` (502) instead of
-    a retry when the same body already failed on another node: a body that crashes or wedges
-    nodes (a "query of death") is not carried round the array."""
-    fingerprint = request_fingerprint(payload)
-    trip = request_breaker.failure(node_id, fingerprint, reason)
-    if trip is not None:
-        await take_out(node_id, trip.describe())
-    failed_on = request_breaker.nodes_failed(fingerprint) | {node_id}
-    if len(failed_on) >= POISON_NODES:
-        raise UpstreamError(
-            f"This request failed on {' and '.join(sorted(failed_on))} ({reason}); it is not "
-            "sent to another node.",
-            code="request_failed_on_nodes",
-        )
-
-
-def _refuse_poison(payload: dict[str, Any]) -> None:
-    """Raises ``UpstreamError`` (422) for a body that failed on ``POISON_NODES`` nodes within
-    the breaker's window. Costs nothing while no request has failed."""
-    if not request_breaker.failed_on:
-        return
-    failed_on = request_breaker.nodes_failed(request_fingerprint(payload))
-    if len(failed_on) >= POISON_NODES:
-        raise UpstreamError(
-            f"This request made {' and '.join(sorted(failed_on))} fail in the last "
-            f"{request_breaker.window_s:g} s; it is not sent again until then.",
-            code="request_quarantined",
-            status=422,
-        )
-
-
-POISON_NODES = 2
 OVERLOAD_STATUSES = (429, 503)
 NOT_OUR_NODE = (401, 403)
 REFUSALS = (*OVERLOAD_STATUSES, *NOT_OUR_NODE)

@@ -8,6 +8,8 @@ is cut short, ends without a finish reason or ``[DONE]``, or sends an event that
 ends with an in-band error event (and ``[DONE]``), is counted against the node, and makes the
 session's next turn move to another node. Closing the upstream (``Upstream.aclose``), which
 each does on exit or cancellation, drops the connection so the node stops generating.
+``refuse_poison`` and ``stop_if_failed_twice`` keep a body that failed on two nodes from being
+carried round the array (``request_breaker``).
 """
 
 from __future__ import annotations
@@ -189,6 +191,41 @@ class Upstream:
 async def take_out(node_id: str, evidence: str) -> None:
     """Mark ``node_id`` down now (``request_breaker`` tripped), with the evidence as reason."""
     await _record_failure(node_id=node_id, reason=evidence, failure_threshold=1)
+
+
+async def stop_if_failed_twice(node_id: str, payload: dict[str, Any], reason: str) -> None:
+    """Note a failure of a request the node received; raises ``UpstreamError`` (502) instead of
+    a retry when the same body already failed on another node: a body that crashes or wedges
+    nodes (a "query of death") is not carried round the array."""
+    fingerprint = request_fingerprint(payload)
+    trip = request_breaker.failure(node_id, fingerprint, reason)
+    if trip is not None:
+        await take_out(node_id, trip.describe())
+    failed_on = request_breaker.nodes_failed(fingerprint) | {node_id}
+    if len(failed_on) >= POISON_NODES:
+        raise UpstreamError(
+            f"This request failed on {' and '.join(sorted(failed_on))} ({reason}); it is not "
+            "sent to another node.",
+            code="request_failed_on_nodes",
+        )
+
+
+def refuse_poison(payload: dict[str, Any]) -> None:
+    """Raises ``UpstreamError`` (422) for a body that failed on ``POISON_NODES`` nodes within
+    the breaker's window. Costs nothing while no request has failed."""
+    if not request_breaker.failed_on:
+        return
+    failed_on = request_breaker.nodes_failed(request_fingerprint(payload))
+    if len(failed_on) >= POISON_NODES:
+        raise UpstreamError(
+            f"This request made {' and '.join(sorted(failed_on))} fail in the last "
+            f"{request_breaker.window_s:g} s; it is not sent again until then.",
+            code="request_quarantined",
+            status=422,
+        )
+
+
+POISON_NODES = 2
 
 
 def describe_transport_error(exc: Exception) -> str:

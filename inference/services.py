@@ -20,8 +20,10 @@ from django.utils import timezone
 
 from console.audit import audit_record, diff
 from console.compiled_sql import CompiledQuery, as_datetime
-from inference.errors import ArrayFull, AuthError, NoHealthyNode, UnknownModel
-from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
+from inference.errors import ArrayFull, AuthError, NoHealthyNode
+from inference.model_names import package_named as package_named
+from inference.model_names import package_resolve as package_resolve
+from inference.models import ApiToken, RouteDecision, RoutingPolicy, SessionRoute
 from inference.routing import (
     Decision,
     Limits,
@@ -39,37 +41,6 @@ from nodes.selectors import NodeTable, nodes_for_routing
 
 ENV_TOKEN = "PHALANX_API_TOKEN"
 TOKEN_PREFIX = "phx_"
-
-
-def package_resolve(*, model: str) -> ModelPackage:
-    """The package a client's ``model`` names: ``name`` (newest version) or ``name:version``;
-    else what the routing policy's ``model_aliases`` map it to; else the policy's
-    ``default_model`` when one is set.
-
-    Raises ``UnknownModel`` naming the model.
-    """
-    package = package_named(model)
-    if package is not None:
-        return package
-    policy = RoutingPolicy.load()
-    target = (policy.model_aliases or {}).get(model.strip()) or policy.default_model
-    package = package_named(target) if target else None
-    if package is None:
-        raise UnknownModel(
-            f"The model {model!r} does not exist; GET /v1/models lists the "
-            f"models this array serves.",
-            param="model",
-        )
-    return package
-
-
-def package_named(model: str) -> ModelPackage | None:
-    """The package ``name`` (its newest version) or ``name:version`` names, or None."""
-    name, _, version = model.strip().partition(":")
-    packages = ModelPackage.objects.filter(name=name)
-    if version:
-        packages = packages.filter(version=version)
-    return packages.order_by("-created_at", "-id").first()
 
 
 # --- API tokens -----------------------------------------------------------------------------
