@@ -20,6 +20,7 @@ from console.errors import Invalid, NotFound
 from console.models import Role
 from inference.models import ApiToken, ModelPackage, PackageJob, PackagePolicy
 from inference.packages import services as package_services
+from inference.selectors import node_takes_traffic
 
 router = Router()
 
@@ -36,6 +37,9 @@ class PackageOut(Schema):
     context_window: int
     created_at: datetime
     nodes: int = Field(0, description="nodes serving it")
+    up: int = Field(
+        0, description="of those, taking traffic (up, validated, weight > 0: as /v1/models counts)"
+    )
     family: str = ""
     status: str = Field("draft", description="draft, evaluating, approved, rejected, retired")
     status_reason: str = ""
@@ -206,6 +210,7 @@ def _package_out(package: ModelPackage) -> dict:
         "context_window": package.context_window,
         "created_at": package.created_at,
         "nodes": package.nodes.count(),
+        "up": sum(node_takes_traffic(n) for n in package.nodes.all()),
         "family": package.family,
         "status": package.status,
         "status_reason": package.status_reason,

@@ -79,8 +79,8 @@ def visible_text(response) -> str:
 # What each page exists to show, given node-01 (package smollm2-test, 127.0.0.1:9401) with the
 # session s-shown pinned to it and the default routing policy.
 PAGE_SHOWS = {
-    "/": ["Overview", "1 nodes up", "1 sessions", "node-01", "127.0.0.1:9401"],
-    "/nodes/": ["node-01", "127.0.0.1:9401", "smollm2-test", "up"],
+    "/": ["Overview", "1 nodes serving", "1 sessions", "node-01", "127.0.0.1:9401"],
+    "/nodes/": ["node-01", "127.0.0.1:9401", "smollm2-test", "serving"],
     "/nodes/node-01/": ["node-01", "127.0.0.1:9401", "Sessions pinned here", "s-shown"],
     "/packages/": ["smollm2-test", "Q4_1", "2048"],
     "/routing/": ["Policy", "Routing table", "s-shown", "node-01"],
@@ -273,3 +273,16 @@ def test_the_playground_counts_up_as_routing_does_one_family_over_its_versions(l
     assert "New session for an answer to the question alone" in text
     packages = visible_text(login("viewer").get("/packages/"))
     assert "2 (1)" in packages  # nodes (up)
+
+
+def test_the_packages_api_counts_up_as_the_playground_does(api, package):
+    for node_id, validation in (("node-01", "passed"), ("node-02", "validating")):
+        Node.objects.create(
+            node_id=node_id,
+            address=f"127.0.0.1:94{node_id[-1]}0",
+            package=package,
+            state=Node.State.UP,
+            validation=validation,
+        )
+    [out] = api("viewer", "get", "/packages").json()
+    assert (out["nodes"], out["up"]) == (2, 1)
