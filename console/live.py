@@ -21,6 +21,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from nodes.models import Node, NodeEvent
+from nodes.selectors import nodes_status
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,10 @@ LIVE_GROUP = "phalanx.live"
 
 def node_payload(node: Node) -> dict[str, Any]:
     """What a page needs to redraw a node row: id, address, state (+ colour), weight,
-    affinity, package key, failures, last error, load and device validation status."""
+    affinity, package key, failures, last error (a sentence, ``nodes.selectors.NodeStatus``),
+    badge (serving, validating, starting, restarting, down ...), load and device validation
+    status."""
+    status = nodes_status([node])[node.node_id]
     return {
         "node_id": node.node_id,
         "address": node.address,
@@ -39,7 +43,10 @@ def node_payload(node: Node) -> dict[str, Any]:
         "affinity": node.affinity,
         "package": node.package.key if node.package_id and node.package else None,
         "failures": node.consecutive_failures,
-        "error": node.last_probe_error,
+        "error": status.error,
+        "badge": status.badge,
+        "serving": status.serving,
+        "recent_error": status.recent_error,
         "load": node.load,
         "validation": node.get_validation_display(),
     }
@@ -53,6 +60,7 @@ def event_payload(event: NodeEvent) -> dict[str, Any]:
         "kind": event.kind,
         "label": event.get_kind_display(),
         "message": event.message,
+        "actor": event.actor,
         "at": event.created_at.isoformat() if event.created_at else None,
     }
 

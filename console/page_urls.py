@@ -25,6 +25,7 @@ urlpatterns = [
     path("nodes/<slug:node_id>/remove/", views.node_remove, name="node_remove"),
     path("nodes/<slug:node_id>/drain/", views.node_drain, name="node_drain"),
     path("nodes/<slug:node_id>/undrain/", views.node_undrain, name="node_undrain"),
+    path("nodes/<slug:node_id>/restart/", views.node_restart, name="node_restart"),
     path("packages/", views.packages, name="packages"),
     path("packages/<int:package_id>/", views.package, name="package"),
     path("packages/<int:package_id>/<slug:action>/", views.package_action, name="package_action"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from django.core.paginator import Paginator
 from django.db.models import Count, Q
 
 from console.models import ArrayConfig, AuditEntry
@@ -22,6 +23,7 @@ from inference.models import (
 )
 from inference.selectors import served_models
 from nodes.models import Node, NodeEvent
+from nodes.selectors import nodes_status
 
 
 @dataclass(frozen=True)
@@ -120,30 +122,45 @@ def sequence_limits() -> dict[int, int]:
 
 
 def nodes_with_sessions() -> list[Node]:
-    """Every node with its package and ``pinned`` (sessions pinned) annotated."""
-    return list(Node.objects.select_related("package").annotate(pinned=Count("session_routes")))
+    """Every node with its package, ``pinned`` (sessions pinned) and ``status`` (a
+    ``nodes.selectors.NodeStatus``: badge, whether it takes sessions, last error)."""
+    nodes = list(Node.objects.select_related("package").annotate(pinned=Count("session_routes")))
+    statuses = nodes_status(nodes)
+    for node in nodes:
+        node.status = statuses[node.node_id]  # type: ignore[attr-defined]
+    return nodes
 
 
 def overview() -> dict[str, Any]:
-    """The array at a glance: nodes, counts by state, sessions, recent events, tokens/s sum
-    and errors (nodes with failures), from the database (live numbers come over the socket)."""
+    """The array at a glance: nodes, counts by badge (``serving`` counts the nodes routing
+    places new sessions on, ``takes_sessions``; ``not_serving`` the validating, starting,
+    restarting, failed and standby ones), sessions, recent events and ``failing`` (nodes whose
+    probe fails now or that went down, crashed or failed validation in the last hour), from
+    the database (live numbers come over the socket)."""
     nodes = nodes_with_sessions()
-    by_state = {s.value: 0 for s in Node.State}
+    by_state = {"serving": 0, "not_serving": 0, "down": 0, "draining": 0}
     for node in nodes:
-        by_state[node.state] = by_state.get(node.state, 0) + 1
+        badge = node.status.badge  # type: ignore[attr-defined]
+        key = badge if badge in by_state else "not_serving"
+        by_state[key] += 1
     return {
         "nodes": nodes,
         "by_state": by_state,
         "sessions": SessionRoute.objects.count(),
         "moves": sum(SessionRoute.objects.values_list("moves", flat=True)),
-        "failing": [n for n in nodes if n.consecutive_failures or n.last_probe_error],
+        "failing": [n for n in nodes if n.status.recent_error],  # type: ignore[attr-defined]
         "events": list(NodeEvent.objects.select_related("node")[:15]),
         "packages": ModelPackage.objects.count(),
     }
 
 
-def node_detail(node_id: str) -> dict[str, Any] | None:
-    """A node, its recent events, pinned sessions and devices, or None when unknown.
+SESSIONS_PER_PAGE = 25
+
+
+def node_detail(node_id: str, *, page: int | str | None = 1) -> dict[str, Any] | None:
+    """A node, its recent events, pinned sessions (``sessions``: a Django ``Page`` of
+    ``SESSIONS_PER_PAGE``, most recently seen first; ``page`` past the end gives the last,
+    anything not a number the first) and devices, or None when unknown.
 
     Devices: the node's CPU set (threads) and the accelerator modules of the config file.
     ``host_ram``: ``{"used_mib", "budget_mib"}`` of idle sessions' KV in the node's host RAM,
@@ -171,11 +188,15 @@ def node_detail(node_id: str) -> dict[str, Any] | None:
             "used_mib": round((seen.get("host_ram") or 0) / 2**20, 1),
             "budget_mib": round(seen["host_ram_budget"] / 2**20),
         }
+    node.status = nodes_status([node])[node_id]  # type: ignore[attr-defined]
     return {
         "node": node,
         "host_ram": host_ram,
         "events": list(node.events.all()[:50]),
-        "sessions": list(node.session_routes.select_related("package")[:50]),
+        "sessions": Paginator(
+            node.session_routes.select_related("package").order_by("-last_seen_at", "-id"),
+            SESSIONS_PER_PAGE,
+        ).get_page(page),
         "devices": devices,
     }
 

@@ -93,6 +93,7 @@ def node_create(
     )
     _check_node(draft)
     node, _ = node_services.node_upsert(
+        by=current_actor(),
         node_id=node_id,
         address=address,
         package_id=package_id,
@@ -159,7 +160,7 @@ def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
     the event, or None when it already was so. Raises ``NotFound``."""
     before = _node(node_id).state
     service = node_services.node_drain if drained else node_services.node_undrain
-    event = service(node_id=node_id)  # the node service sends the live event
+    event = service(node_id=node_id, by=current_actor())  # it sends the live event
     if event is not None:
         after = _node(node_id).state
         audit_record(
@@ -167,6 +168,25 @@ def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
             target=node_id,
             changes=diff({"state": before}, {"state": after}),
         )
+    return event
+
+
+@transaction.atomic
+def node_restart(*, node_id: str) -> NodeEvent | None:
+    """Ask the embedded array that started the node's agent to restart it, draining it first
+    (``nodes.services.node_request_restart``); returns the drain event, or None when a
+    restart is already asked for. Raises ``NotFound``, ``Conflict`` (not started by this
+    array's ``up``: an external or remote node)."""
+    before = _node(node_id).state
+    try:
+        event = node_services.node_request_restart(node_id=node_id, by=current_actor())
+    except node_services.NotRestartable as exc:
+        raise Conflict(f"{exc}.") from exc
+    audit_record(
+        action="node.restart",
+        target=node_id,
+        changes=diff({"state": before}, {"state": _node(node_id).state}),
+    )
     return event
 
 

@@ -46,6 +46,7 @@ from console.models import UtilizationSample
 from nodes import client as node_client
 from nodes.metrics import parse_prometheus
 from nodes.models import Node, NodeEvent
+from nodes.selectors import nodes_status
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,8 @@ def host_usage() -> dict[str, float]:
 
 def _inventory(after_event: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     close_old_connections()
+    rows = list(Node.objects.select_related("package").annotate(pinned=Count("session_routes")))
+    statuses = nodes_status(rows)
     nodes = [
         {
             "node_id": n.node_id,
@@ -158,10 +161,13 @@ def _inventory(after_event: int | None) -> tuple[list[dict[str, Any]], list[dict
             "colour": Node.STATE_COLOURS.get(n.state, "grey"),
             "package": n.package.key if n.package else None,
             "sessions": n.pinned,
-            "error": n.last_probe_error,
+            "error": statuses[n.node_id].error,
+            "badge": statuses[n.node_id].badge,
+            "serving": statuses[n.node_id].serving,
+            "recent_error": statuses[n.node_id].recent_error,
             "validation": n.get_validation_display(),
         }
-        for n in Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
+        for n in rows
     ]
     last = NodeEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
     events: list[dict[str, Any]] = []

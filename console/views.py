@@ -189,7 +189,7 @@ def nodes(request: HttpRequest) -> HttpResponse:
 
 @role_required(Role.VIEWER)
 def node(request: HttpRequest, node_id: str) -> HttpResponse:
-    detail = selectors.node_detail(node_id)
+    detail = selectors.node_detail(node_id, page=request.GET.get("page"))
     if detail is None:
         raise Http404(f"No node {node_id}")
     return _render(request, "console/node.html", {"page": "nodes", **detail})
@@ -249,6 +249,23 @@ def _drain_view(drained: bool):
 
 node_drain = _drain_view(True)
 node_undrain = _drain_view(False)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def node_restart(request: HttpRequest, node_id: str) -> HttpResponse:
+    """Drain the node, then have the embedded array restart its agent (``up`` does it once no
+    stream is in flight)."""
+    try:
+        services.node_restart(node_id=node_id)
+    except ConsoleError as exc:
+        _flash_error(request, exc)
+    else:
+        messages.success(
+            request,
+            f"Restarting {node_id}: drained now; its agent restarts once no stream is in flight.",
+        )
+    return redirect("console:node", node_id=node_id)
 
 
 # --- packages -----------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def _placement(node: Node) -> Placement:
 
 def _event(node: Node, message: str) -> None:
     event = NodeEvent.objects.create(
-        node=node, kind=NodeEvent.Kind.VALIDATION, message=message[:1000]
+        node=node, kind=NodeEvent.Kind.VALIDATION, message=message[:1000], actor="validation"
     )
     live_node_changed(node_id=node.node_id, event=event)
 

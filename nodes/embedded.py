@@ -20,6 +20,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
 from console.access import Role
 from console.services import token_issue
@@ -30,7 +31,7 @@ from inference.packages.services import package_import_file
 from nodes.agent.auth import ENV_CREDENTIAL
 from nodes.credentials import array_id, node_credential
 from nodes.models import Node
-from nodes.services import node_upsert
+from nodes.services import node_record_restart, node_undrain, node_upsert
 
 BUNDLED_PACKAGE_NAME = "smollm2-135m-instruct-q4_1"
 BUNDLED_PACKAGE_VERSION = "1"
@@ -278,6 +279,19 @@ class Supervisor:
         argv, env = self.commands[name]
         return self.start(name, argv, env=env)
 
+    def stop_one(self, name: str, *, timeout: float = 10.0) -> int | None:
+        """SIGTERM child ``name``'s group (a process this supervisor started), wait up to
+        ``timeout`` s, then SIGKILL; returns its exit status (None: no such child)."""
+        process = next((p for n, p in self.children if n == name), None)
+        if process is None:
+            return None
+        _signal_group(process, signal.SIGTERM)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            return process.wait(timeout=5)
+
     def exited(self) -> list[tuple[str, int]]:
         """``(name, returncode)`` of children that have exited."""
         return [(name, p.returncode) for name, p in self.children if p.poll() is not None]
@@ -335,13 +349,70 @@ def wait_for_port(host: str, port: int, *, timeout: float) -> bool:
 # --- start-up: what the array can serve ------------------------------------------------------
 
 
+def supervisor_name() -> str:
+    """How a node row names the ``up`` process that started its agent: ``"up, pid 4242 on
+    host"``."""
+    return f"up, pid {os.getpid()} on {socket.gethostname()}"[:128]
+
+
+def nodes_mark_stopped(node_ids: Sequence[str]) -> int:
+    """When ``up`` stops: its nodes have no supervisor any more (no Restart on their pages)
+    and no restart pending. Returns how many rows it changed."""
+    return Node.objects.filter(node_id__in=node_ids, supervisor=supervisor_name()).update(
+        supervisor="", restart_requested_at=None, restart_requested_by=""
+    )
+
+
+def restarts_due(node_ids: Sequence[str], *, drain_wait_s: float) -> list[str]:
+    """Nodes of ``node_ids`` an operator asked to restart (``node_request_restart``) that may
+    be stopped now: draining, and a probe after the request saw no stream in flight (its
+    ``/metrics``: active and queued 0), or ``drain_wait_s`` passed since the request (a stream
+    longer than the request timeout would be cut anyway)."""
+    due = []
+    now = timezone.now()
+    for node in Node.objects.filter(node_id__in=node_ids, restart_requested_at__isnull=False):
+        load = node.last_seen_load or {}
+        probed_after = node.last_probe_at is not None and (
+            node.last_probe_at > node.restart_requested_at
+        )
+        idle = probed_after and not load.get("active") and not load.get("queue") and load
+        waited = (now - node.restart_requested_at).total_seconds() >= drain_wait_s
+        if node.state == Node.State.DRAINING and (idle or waited):
+            due.append(node.node_id)
+    return due
+
+
+def node_restart_done(node_id: str, *, status: int | None) -> None:
+    """After ``up`` restarted a node's agent at an operator's request: the ``restarted`` event
+    (by that operator), the request cleared, and the node undrained if the request drained it
+    (its new agent is validated before it takes traffic, as any restarted agent is)."""
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        return
+    by = node.restart_requested_by or "operator"
+    node_record_restart(
+        node_id=node_id,
+        message=f"restarted at the request of {by}: drained first, its agent stopped "
+        f"(status {status}) and started again",
+        actor=by,
+    )
+    undrain = node.restart_undrain
+    Node.objects.filter(pk=node.pk).update(
+        restart_requested_at=None, restart_requested_by="", restart_undrain=False
+    )
+    if undrain:
+        node_undrain(node_id=node_id, by=by)
+
+
 def nodes_mark_starting(node_ids: Sequence[str]) -> int:
     """Before ``up`` starts its node agents: what the database says of them is a previous
     process's, so each is ``unknown`` (not ``up``: it is loading; a draining node stays
     draining) with no load, and ``pending`` validation unless waived (its new agent is
-    validated before it takes traffic, as any restarted agent is). Returns how many it reset."""
+    validated before it takes traffic, as any restarted agent is), and supervised by this
+    ``up`` (``supervisor_name``: it may restart them). Returns how many it reset."""
     nodes = Node.objects.filter(node_id__in=node_ids)
     nodes.exclude(state=Node.State.DRAINING).update(state=Node.State.UNKNOWN)
+    nodes.update(supervisor=supervisor_name(), restart_requested_at=None, restart_requested_by="")
     nodes.exclude(validation="waived").update(
         validation="pending", validation_reason="agent starting: to be validated"
     )

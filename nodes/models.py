@@ -113,6 +113,20 @@ class Node(models.Model):
         help_text="Route by weight × measured speed (off: by weight alone, the operator's "
         "override).",
     )
+    supervisor = models.CharField(
+        max_length=128,
+        blank=True,
+        default="",
+        help_text="The embedded array (`up`) that started this node's agent and may restart "
+        'it ("up, pid 4242 on host"); blank: started elsewhere (external, remote).',
+    )
+    restart_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="An operator asked for a restart: drained, then done."
+    )
+    restart_requested_by = models.CharField(max_length=150, blank=True, default="")
+    restart_undrain = models.BooleanField(
+        default=False, help_text="The restart drained it: undrain once its agent is back."
+    )
     consecutive_failures = models.PositiveIntegerField(default=0)
     consecutive_successes = models.PositiveIntegerField(default=0)
     last_canary_at = models.DateTimeField(null=True, blank=True)
@@ -163,7 +177,10 @@ class Node(models.Model):
 
 
 class NodeEvent(models.Model):
-    """Something that happened to a node: it went down, came back, was drained."""
+    """Something that happened to a node: it went down, came back, was drained. ``actor``
+    names who or what did it: an operator's username (``token:<name>`` over the API), ``upgrade
+    N``, ``control loop`` (probes), ``proxy`` (failed requests), ``validation``, ``up`` (the
+    embedded array's supervisor); blank on events recorded before it was kept."""
 
     class Kind(models.TextChoices):
         WENT_DOWN = "went_down", "Went down"
@@ -178,6 +195,7 @@ class NodeEvent(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     message = models.TextField(blank=True, default="")
+    actor = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
 from django.utils import timezone
 
 from console.compiled_sql import CompiledQuery, as_datetime, as_json
 from inference.model_names import client_name, package_key
 from inference.models import SessionRoute
 from inference.routing import NodeView
-from nodes.models import Node, effective_weight
+from nodes.models import Node, NodeEvent, effective_weight
 
 
 def _number(data: Any, key: str) -> float | None:
@@ -174,3 +175,114 @@ def nodes_for_routing(
         node_names[node_id] = node["served_name"] or node["package__name"]
         package_keys[node_id] = package_key(node["package__name"], node["package__version"])
     return NodeTable(views, addresses, package_ids, pinned.read_at, node_names, package_keys)
+
+
+# --- what a person reads of a node: its badge and last error --------------------------------
+
+RECENT_ERROR_S = 3600.0
+_FAILED_RUN = re.compile(r"^validation \d+ (failed|could not run)")
+BADGE_COLOURS = {
+    "serving": "green",
+    "validating": "blue",
+    "failed validation": "red",
+    "starting": "grey",
+    "restarting": "orange",
+    "down": "red",
+    "draining": "orange",
+    "standby": "grey",
+}
+
+
+def takes_sessions(node: Node) -> bool:
+    """True when routing places new sessions on ``node``: ``up``, device validation passed
+    (or waived) and a routing weight above 0 (the rule ``routing_state`` and the proxy
+    apply; ``up``'s "takes sessions" is this)."""
+    return node.routing_weight > 0 and routing_state(node.state, node.validation) == "up"
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What the overview and the nodes table show of a node: ``badge`` (serving, validating,
+    failed validation, starting, restarting, down, draining, standby), its ``colour``,
+    ``serving`` (takes new sessions), the last ``error`` as a sentence (a failed probe now,
+    else the last went-down, crash-restart or failed validation event, with its time; "" when
+    none) and ``recent_error`` (a probe failing now, or such an event in the last hour)."""
+
+    badge: str
+    colour: str
+    serving: bool
+    error: str = ""
+    recent_error: bool = False
+
+
+def _is_error(event: NodeEvent) -> bool:
+    if event.kind == NodeEvent.Kind.WENT_DOWN:
+        return True
+    if event.kind == NodeEvent.Kind.RESTARTED:  # an operator's restart is no error
+        return not event.message.startswith("restarted at the request")
+    return event.kind == NodeEvent.Kind.VALIDATION and bool(_FAILED_RUN.match(event.message))
+
+
+def _badge(node: Node, latest: NodeEvent | None) -> str:
+    if node.restart_requested_at is not None:
+        return "restarting"
+    if node.state == Node.State.DRAINING:
+        return "draining"
+    if node.state == Node.State.DOWN:
+        return "down"
+    if latest is not None and latest.kind == NodeEvent.Kind.RESTARTED:
+        return "restarting"  # its agent exited; nothing has answered since
+    if node.state == Node.State.UNKNOWN:
+        return "starting"
+    seen = routing_state(node.state, node.validation)
+    if seen != "up":
+        return seen
+    return "serving" if node.routing_weight > 0 else "standby"
+
+
+def node_status(
+    node: Node, *, latest: NodeEvent | None, last_error: NodeEvent | None
+) -> NodeStatus:
+    """The status of ``node`` from its row, its ``latest`` event and its last error event."""
+    badge = _badge(node, latest)
+    error, recent = "", False
+    if node.last_probe_error:
+        at = (
+            timezone.localtime(node.last_probe_at).strftime("%H:%M:%S")
+            if node.last_probe_at
+            else ""
+        )
+        error, recent = (
+            f"{node.last_probe_error} (probe at {at})" if at else node.last_probe_error,
+            True,
+        )
+    elif last_error is not None:
+        at = timezone.localtime(last_error.created_at)
+        error = f"{last_error.get_kind_display()} at {at:%H:%M:%S}: {last_error.message}"
+        recent = (timezone.now() - last_error.created_at).total_seconds() < RECENT_ERROR_S
+    return NodeStatus(badge, BADGE_COLOURS.get(badge, "grey"), badge == "serving", error, recent)
+
+
+def nodes_status(nodes: list[Node]) -> dict[str, NodeStatus]:
+    """``{node_id: NodeStatus}`` of ``nodes``: their latest events in one query, their last
+    error events from the newest 500 events of those kinds."""
+    newest = NodeEvent.objects.filter(node=OuterRef("pk")).order_by("-created_at", "-id")
+    ids = dict(
+        Node.objects.filter(pk__in=[n.pk for n in nodes])
+        .annotate(latest=Subquery(newest.values("pk")[:1]))
+        .values_list("pk", "latest")
+    )
+    by_id = NodeEvent.objects.in_bulk([i for i in ids.values() if i])
+    latest = {pk: by_id.get(i) for pk, i in ids.items() if i}
+    last_error: dict[int, NodeEvent] = {}
+    kinds = (NodeEvent.Kind.WENT_DOWN, NodeEvent.Kind.RESTARTED, NodeEvent.Kind.VALIDATION)
+    candidates = NodeEvent.objects.filter(node__in=nodes, kind__in=kinds).order_by(
+        "-created_at", "-id"
+    )
+    for event in candidates[:500]:
+        if event.node_id not in last_error and _is_error(event):
+            last_error[event.node_id] = event
+    return {
+        n.node_id: node_status(n, latest=latest.get(n.pk), last_error=last_error.get(n.pk))
+        for n in nodes
+    }

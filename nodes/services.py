@@ -9,11 +9,14 @@ from console.live import live_node_changed
 from nodes.client import ProbeResult
 from nodes.models import Node, NodeEvent
 
+CONTROL_LOOP, PROXY, UP = "control loop", "proxy", "up"
 
-def _set_state(node: Node, state: str, kind: str, message: str) -> NodeEvent:
-    """Change a node's state, log the event, and tell open console pages once it commits."""
+
+def _set_state(node: Node, state: str, kind: str, message: str, *, actor: str) -> NodeEvent:
+    """Change a node's state, log the event (by ``actor``), and tell open console pages once
+    it commits."""
     node.state = state
-    event = NodeEvent.objects.create(node=node, kind=kind, message=message)
+    event = NodeEvent.objects.create(node=node, kind=kind, message=message, actor=actor[:150])
     live_node_changed(node_id=node.node_id, event=event)
     return event
 
@@ -58,6 +61,7 @@ def node_record_probe(
                 NodeEvent.Kind.CAME_BACK,
                 f"answers /health again ({node.consecutive_successes} good probes"
                 + (", the last with a canary completion)" if canary_ran else ")"),
+                actor=CONTROL_LOOP,
             )
         elif node.state == Node.State.UNKNOWN:
             node.state = Node.State.UP
@@ -70,6 +74,7 @@ def node_record_probe(
             node,
             failure_threshold,
             f"{node.consecutive_failures} failed probes, last: {result.error}",
+            actor=CONTROL_LOOP,
         )
     node.save()
     return event
@@ -86,9 +91,11 @@ def _note_activity(node: Node, load: dict | None, *, now, canary_ran: bool) -> N
         load["requests"] = after + 1  # our own canary is not activity
 
 
-def _maybe_down(node: Node, threshold: int, message: str) -> NodeEvent | None:
+def _maybe_down(node: Node, threshold: int, message: str, *, actor: str) -> NodeEvent | None:
     if node.consecutive_failures >= threshold and node.state in (Node.State.UP, Node.State.UNKNOWN):
-        return _set_state(node, Node.State.DOWN, NodeEvent.Kind.WENT_DOWN, message[:1000])
+        return _set_state(
+            node, Node.State.DOWN, NodeEvent.Kind.WENT_DOWN, message[:1000], actor=actor
+        )
     return None
 
 
@@ -104,18 +111,21 @@ def node_record_failure(*, node_id: str, reason: str, failure_threshold: int) ->
     node.consecutive_successes = 0
     node.last_probe_error = f"proxy: {reason}"[:255]
     node.last_seen_load = None
-    event = _maybe_down(node, failure_threshold, f"request failed: {reason}")
+    event = _maybe_down(node, failure_threshold, f"request failed: {reason}", actor=PROXY)
     node.save()
     return event
 
 
-def node_record_restart(*, node_id: str, message: str) -> NodeEvent | None:
-    """Log that the embedded array restarts a node agent that exited (``up``), and tell open
-    console pages. Unknown ids are ignored."""
+def node_record_restart(*, node_id: str, message: str, actor: str = UP) -> NodeEvent | None:
+    """Log that the embedded array restarts a node agent (``up``: one that exited, or one an
+    operator asked to restart, then ``actor`` is that operator), and tell open console pages.
+    Unknown ids are ignored."""
     node = Node.objects.filter(node_id=node_id).first()
     if node is None:
         return None
-    event = NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.RESTARTED, message=message)
+    event = NodeEvent.objects.create(
+        node=node, kind=NodeEvent.Kind.RESTARTED, message=message, actor=actor[:150]
+    )
     live_node_changed(node_id=node_id, event=event)
     return event
 
@@ -127,7 +137,9 @@ def node_drain(*, node_id: str, by: str = "operator") -> NodeEvent | None:
     node = Node.objects.select_for_update().get(node_id=node_id)
     if node.state == Node.State.DRAINING:
         return None
-    event = _set_state(node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, f"drained by {by}")
+    event = _set_state(
+        node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, f"drained by {by}", actor=by
+    )
     node.save()
     return event
 
@@ -139,8 +151,40 @@ def node_undrain(*, node_id: str, by: str = "operator") -> NodeEvent | None:
     node = Node.objects.select_for_update().get(node_id=node_id)
     if node.state != Node.State.DRAINING:
         return None
-    event = _set_state(node, Node.State.UNKNOWN, NodeEvent.Kind.UNDRAINED, f"undrained by {by}")
+    event = _set_state(
+        node, Node.State.UNKNOWN, NodeEvent.Kind.UNDRAINED, f"undrained by {by}", actor=by
+    )
     node.consecutive_failures = 0
+    node.save()
+    return event
+
+
+class NotRestartable(ValueError):
+    """The node's agent was not started by an embedded array that could restart it."""
+
+
+@transaction.atomic
+def node_request_restart(*, node_id: str, by: str) -> NodeEvent | None:
+    """Ask the embedded array that started the node's agent (``Node.supervisor``, set by
+    ``up``) to restart it: drain it now (no new session; pinned ones move at their next turn),
+    and ``up`` restarts the agent once no stream is in flight (``nodes.embedded.restarts_due``),
+    then undrains it if this drained it. Returns the drain event, or None when the node was
+    draining already or a restart is already asked for. Raises ``NotRestartable`` (an external
+    or remote node: this array cannot signal a process it did not start) and
+    ``Node.DoesNotExist``."""
+    node = Node.objects.select_for_update().get(node_id=node_id)
+    if not node.supervisor:
+        raise NotRestartable(
+            f"{node_id} was not started by this array's `up`: restart it where it runs"
+        )
+    if node.restart_requested_at is not None:
+        return None
+    node.restart_requested_at, node.restart_requested_by = timezone.now(), by[:150]
+    node.restart_undrain = node.state != Node.State.DRAINING
+    event = None
+    if node.restart_undrain:
+        message = f"drained by {by} to restart it (once no stream is in flight)"
+        event = _set_state(node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, message, actor=by)
     node.save()
     return event
 
@@ -155,12 +199,13 @@ def node_upsert(
     weight: float = 1.0,
     affinity: bool = True,
     weight_measured: bool | None = None,
+    by: str = "",
 ) -> tuple[Node, bool]:
     """Create or update a node by id (idempotent); returns ``(node, created)``.
 
     Changing a node's address or package resets its state to ``unknown`` until the next probe
     and its device validation to ``pending`` (unless waived): the control loop validates it
-    again before it takes traffic.
+    again before it takes traffic. ``by``: who registers it (the ``registered`` event's actor).
     """
     node = Node.objects.filter(node_id=node_id).first()
     if node is None:
@@ -174,7 +219,9 @@ def node_upsert(
             affinity=affinity,
             weight_measured=True if weight_measured is None else weight_measured,
         )
-        NodeEvent.objects.create(node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}")
+        NodeEvent.objects.create(
+            node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}", actor=by
+        )
         return node, True
     if node.package_id != package_id:  # set by hand: what an upgrade recorded no longer holds
         node.served_name, node.engine_settings = "", {}

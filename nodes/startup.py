@@ -4,7 +4,7 @@ the array is ready"): a line per node as it loads, validates, takes sessions or 
 should take, from this machine's own last runs (or no estimate, when it has none).
 
 Read from the database the control loop writes (``Node`` and its ``ValidationRun`` rows) with
-the rule routing uses (``nodes.selectors.routing_state``), so "takes sessions" means what the
+the rule routing uses (``nodes.selectors.takes_sessions``), so "takes sessions" means what the
 proxy will do.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nodes.models import Node, ValidationRun
-from nodes.selectors import routing_state
+from nodes.selectors import takes_sessions
 from nodes.validation_machines import Placement, may_start
 
 SERVING, KEPT_OUT, LOADING, VALIDATING, QUEUED, DOWN = (
@@ -66,7 +66,7 @@ def _rules(reason: str) -> str:
 def node_stage(node: Node, open_run: ValidationRun | None) -> NodeStage:
     """The stage of ``node`` (with its open run, if any) and its line."""
     name = node.node_id
-    if node.routing_weight > 0 and routing_state(node.state, node.validation) == "up":
+    if takes_sessions(node):
         last = _last_ended(node) if node.validation != "waived" else None
         took = f" in {wall:.1f} s" if (wall := _run_wall_s(last)) is not None else ""
         said = (

@@ -37,13 +37,16 @@
   function applyNode(id, fields) {
     document.querySelectorAll(`[data-node="${CSS.escape(id)}"]`).forEach(row => {
       if (fields.state) {
-        row.querySelectorAll('[data-field="state"]').forEach(b => { b.textContent = fields.state; b.className = "state state-" + fields.state; });
+        // the badge reads what a person needs (serving, validating, restarting, down ...);
+        // the raw state only decides which of drain/undrain is offered
+        const badge = fields.badge || fields.state;
+        row.querySelectorAll('[data-field="state"]').forEach(b => { b.textContent = badge; b.className = "state state-" + badge.replace(/ /g, "-"); b.dataset.state = fields.state; });
         row.querySelectorAll('[data-show-when="draining"]').forEach(f => { f.hidden = fields.state !== "draining"; });
         row.querySelectorAll('[data-show-when="not-draining"]').forEach(f => { f.hidden = fields.state === "draining"; });
         row.classList.remove("removed");
       }
       for (const [key, value] of Object.entries(fields)) {
-        if (key === "state") continue;
+        if (key === "state" || key === "badge") continue;
         row.querySelectorAll(`[data-field="${key}"]`).forEach(c => { c.textContent = value == null || value === "" ? "—" : value; });
       }
     });
@@ -51,7 +54,7 @@
 
   function bindNodesTable() {
     const table = document.getElementById("nodes-table");
-    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, error: msg.node.error, failures: msg.node.failures, validation: msg.node.validation}));
+    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, badge: msg.node.badge, error: msg.node.error, failures: msg.node.failures, validation: msg.node.validation}));
     on("node_removed", id => document.querySelectorAll(`[data-node="${CSS.escape(id)}"]`).forEach(r => r.classList.add("removed")));
     on("snapshot", snap => {
       for (const [id, n] of Object.entries(snap.nodes)) {
@@ -65,7 +68,7 @@
           tbody.appendChild(tr);
         }
         const load = n.total ? ((n.active || 0) + (n.queue || 0)) / n.total : null;
-        applyNode(id, {state: n.state, validation: n.validation, sessions: n.sessions, error: n.error, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
+        applyNode(id, {state: n.state, badge: n.badge, validation: n.validation, sessions: n.sessions, error: n.error, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
                        cpu: fmt(n.cpu), load: load == null ? "?" : load.toFixed(2)});
       }
       if (table) table.querySelectorAll("tbody tr[data-node]").forEach(r => r.classList.toggle("removed", !(r.dataset.node in snap.nodes)));
@@ -102,7 +105,7 @@
     li.dataset.event = ev.id;
     li.className = "fresh";
     const at = ev.at ? new Date(ev.at).toLocaleTimeString([], {hour12: false}) : "";
-    li.innerHTML = `<time>${esc(at)}</time> ${nodeFilter ? "" : `<a href="/nodes/${encodeURIComponent(ev.node_id)}/">${esc(ev.node_id)}</a> `}<b class="kind-${esc(ev.kind)}">${esc(ev.label)}</b> ${esc(ev.message)}`;
+    li.innerHTML = `<time>${esc(at)}</time> ${nodeFilter ? "" : `<a href="/nodes/${encodeURIComponent(ev.node_id)}/">${esc(ev.node_id)}</a> `}<b class="kind-${esc(ev.kind)}">${esc(ev.label)}</b> ${esc(ev.message)}${ev.actor ? ` <span class="actor">by ${esc(ev.actor)}</span>` : ""}`;
     list.prepend(li);
   }
   function bindEvents(nodeFilter) {
@@ -112,11 +115,17 @@
   function bindTiles() {
     on("snapshot", snap => {
       const nodes = Object.values(snap.nodes);
-      const count = s => nodes.filter(n => n.state === s).length;
       const set = (id, v) => { const el = document.getElementById(id); if (el) el.textContent = v; };
-      set("tile-up", count("up")); set("tile-down", count("down")); set("tile-draining", count("draining"));
+      const serving = nodes.filter(n => n.serving).length;
+      const notServing = nodes.filter(n => !n.serving && !["down", "draining"].includes(n.badge)).length;
+      const downs = nodes.filter(n => n.badge === "down").length, errors = nodes.filter(n => n.recent_error).length;
+      set("tile-serving", serving); set("tile-not-serving", notServing); set("tile-down", downs);
+      set("tile-draining", nodes.filter(n => n.badge === "draining").length);
+      const tone = (id, cls, on) => { const el = document.getElementById(id); if (el) el.parentElement.classList.toggle(cls, on); };
+      tone("tile-serving", "tile-good", serving > 0); tone("tile-not-serving", "tile-warn", notServing > 0);
+      tone("tile-down", "tile-bad", downs > 0); tone("tile-errors", "tile-bad", errors > 0);
       set("tile-tps", fmt(nodes.reduce((a, n) => a + (n.decode_tps || 0), 0)));
-      set("tile-errors", nodes.filter(n => n.error).length);
+      set("tile-errors", errors);
       set("tile-sessions", nodes.reduce((a, n) => a + (n.sessions || 0), 0));
     });
   }

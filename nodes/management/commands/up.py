@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from inference.engine.scheduler import default_host_ram_mib
+from inference.models import RoutingPolicy
 from nodes.client import probe
 from nodes.control import ControlLoop
 from nodes.embedded import (
@@ -30,8 +31,11 @@ from nodes.embedded import (
     control_plane_command,
     node_command_now,
     node_environment,
+    node_restart_done,
     nodes_mark_starting,
+    nodes_mark_stopped,
     ports_taken,
+    restarts_due,
     wait_for_port,
 )
 from nodes.management.commands.bootstrap import describe
@@ -69,6 +73,17 @@ def _start_nodes(supervisor: Supervisor, result) -> None:
             node_command_now(node.node_id, fallback=result.model_path, host_ram_mib=budget),
             env=node_environment(node),
         )
+
+
+CORE = ("control plane", "control loop")
+
+
+def _forget(node_ids: list[str]) -> None:
+    """The nodes' rows no longer name this process as their supervisor (best effort)."""
+    try:
+        nodes_mark_stopped(node_ids)
+    except DatabaseError:
+        pass
 
 
 def _loopback(host: str) -> str:
@@ -152,6 +167,7 @@ class Command(BaseCommand):
         finally:
             _stopping.append(0)  # from here on a signal does not interrupt the stop
             supervisor.stop(timeout=options["stop_timeout"])
+            _forget(node_ids)
             self.stdout.write("all processes stopped")
         if code:
             raise CommandError(f"a core process exited with status {code}")
@@ -190,8 +206,9 @@ class Command(BaseCommand):
             time.sleep(0.5)
             now = time.monotonic()
             self._say(startup)
+            self._restart_requested(supervisor, [n for n in supervisor.commands if n not in CORE])
             for name, returncode in supervisor.exited():
-                if name in ("control plane", "control loop"):
+                if name in CORE:
                     self.stderr.write(f"{name} exited with status {returncode}")
                     return returncode or 1
                 if name in due:
@@ -212,6 +229,20 @@ class Command(BaseCommand):
                 if now >= at:
                     self._restart_node(supervisor, name)
                     del due[name]
+
+    def _restart_requested(self, supervisor: Supervisor, names: list[str]) -> None:
+        """Restart the agents an operator asked to restart, once drained (``restarts_due``):
+        this process started them, so it stops and starts them itself (a busy database: the
+        next poll does it)."""
+        try:
+            due = restarts_due(names, drain_wait_s=RoutingPolicy.load().request_timeout_s)
+            for name in due:
+                status = supervisor.stop_one(name)
+                self._restart_node(supervisor, name)
+                node_restart_done(name, status=status)
+                self.stdout.write(f"{name} restarted at an operator's request")
+        except DatabaseError:
+            return
 
     def _say(self, startup: StartupWatch | None) -> None:
         """Print what changed in the array's start-up (nothing when the database is busy:
