@@ -153,13 +153,13 @@ def test_it_adds_a_node_and_watches_it_become_healthy(page_as, array, agent):
     page.click("#add-node button[type=submit]")
     page.wait_for_url(f"{array.url}/nodes/{NODE_ID}/")
     state = page.locator(".title-row [data-field=state]")
-    playwright_sync.expect(state).to_have_text("up", timeout=60_000)  # no reload
+    playwright_sync.expect(state).to_have_text("serving", timeout=120_000)  # no reload; validated
     playwright_sync.expect(page.locator("#events")).to_contain_text("Registered")
     shot(page, "node")
     page.goto(f"{array.url}/nodes/")
     playwright_sync.expect(
         page.locator(f'tr[data-node="{NODE_ID}"] [data-field=state]')
-    ).to_have_text("up")
+    ).to_have_text("serving")
     shot(page, "nodes")
 
 
@@ -218,7 +218,7 @@ def test_it_drains_a_node_from_its_page(page_as, array, healthy_node):
     assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "draining"
     shot(page, "node-draining")
     page.click("button[data-action=undrain]")
-    playwright_sync.expect(state).to_have_text("up", timeout=30_000)
+    playwright_sync.expect(state).to_have_text("serving", timeout=30_000)
 
 
 # Points Plotly has drawn: the vertices of the chart's SVG line paths (what a person sees).
@@ -295,7 +295,7 @@ def test_every_page_shows_what_it_is_for(page_as, array, healthy_node):
     page.goto(f"{array.url}/")
     playwright_sync.expect(
         page.locator(f'tr[data-node="{healthy_node}"] [data-field=state]')
-    ).to_have_text("up")
+    ).to_have_text("serving")
 
 
 def test_no_page_loads_anything_from_outside_loopback(page_as, array, healthy_node):
