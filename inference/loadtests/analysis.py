@@ -145,6 +145,61 @@ def knee(rows: list[dict[str, Any]], target_p95_s: float) -> dict[str, Any] | No
     return found
 
 
+def tightest_target(rows: list[dict[str, Any]], ladder: Iterable[float]) -> float | None:
+    """The tightest P95 target (seconds) this run meets, so a run always has a capacity
+    answer: the smallest of ``ladder`` at which a knee exists (``knee``); past the whole
+    ladder, the lowest step's measured P95 (``knee_metric``) rounded up to two significant
+    figures. None when the lowest step cannot meet any target (no answered request, or more
+    than 1 % errors)."""
+    for target in sorted(ladder):
+        if knee(rows, target) is not None:
+            return target
+    first = min(rows, key=lambda r: r["concurrency"], default=None)
+    value = knee_metric(first) if first else None
+    if value is None or value <= 0:
+        return None
+    unit = 10 ** (math.floor(math.log10(value)) - 1)
+    target = round(math.ceil(value / unit - 1e-9) * unit, 6)
+    return target if meets_target(first, target) else None
+
+
+# --- CPU during each step ----------------------------------------------------------------------
+
+CPU_SATURATED_PCT = 85.0  # a node's process at 85 % of its CPUs, or the host at 85 %: no CPU left
+# what a live sample keeps of each node (``cpu``: % where 100 is one CPU; ``cpus``: the CPUs it
+# may use; ``host_cpu``: its host's CPU %, all CPUs, for a node on this host)
+NODE_FIGURES = (
+    "state", "cpu", "cpus", "host_cpu", "kv_pct", "active", "queue", "total", "decode_tps",
+    "sessions",
+)  # fmt: skip
+
+
+def step_cpu(rows: list[dict[str, Any]], samples: list[dict[str, Any]]) -> None:
+    """Adds to each step row, from the live samples taken during it (``sample["step"]``):
+    ``node_cpu_pct``, the busiest node's mean CPU as a percentage of the CPUs it may use
+    (``cpus``: its threads, within its CPU set; a node whose CPUs are unknown is left out),
+    ``node_cpu_node`` (which node) and ``host_cpu_pct``, the mean CPU % of the host the
+    loopback nodes run on (all its CPUs). None where nothing was sampled."""
+    for row in rows:
+        mine = [s for s in samples if s.get("step") == row["step"]]
+        per_node: dict[str, list[float]] = defaultdict(list)
+        host: list[float] = []
+        for sample in mine:
+            figures = (sample.get("nodes") or {}).values()
+            host_seen = [n["host_cpu"] for n in figures if n.get("host_cpu") is not None]
+            if host_seen:
+                host.append(max(host_seen))
+        for sample in mine:
+            for node_id, n in (sample.get("nodes") or {}).items():
+                if n.get("cpu") is not None and n.get("cpus"):
+                    per_node[node_id].append(n["cpu"] / n["cpus"])
+        means = {node_id: sum(v) / len(v) for node_id, v in per_node.items()}
+        busiest = max(means, key=lambda k: means[k], default=None)
+        row["node_cpu_pct"] = rounded(means[busiest], 1) if busiest else None
+        row["node_cpu_node"] = busiest
+        row["host_cpu_pct"] = rounded(mean_of(host), 1)
+
+
 def bend(rows: list[dict[str, Any]]) -> int | None:
     """Where the throughput curve bends: the concurrency after which a step adds less than
     ``BEND_EFFICIENCY`` of the throughput proportional scaling would (tokens/s ratio - 1 over

@@ -5,9 +5,13 @@ session records, and returns a ``Finding`` with the evidence that triggered it, 
 The rules, in the table's order (thresholds are ours, chosen so that a healthy run on the
 bundled model on this machine triggers none of them):
 
-1. one stream fast, many streams stall -> memory bandwidth: with two streams a node or more at
-   the highest step, the median per-stream decode rate there is under half that at the
-   lowest, while array throughput grew by less than a quarter of the concurrency's growth;
+1. one stream fast, many streams stall (with two streams a node or more at the highest step,
+   the median per-stream decode rate there is under half that at the lowest, while array
+   throughput grew by less than a quarter of the concurrency's growth) -> first CPU
+   saturation, when at that step the busiest node used ``CPU_SATURATED_PCT`` (85 %) of the
+   CPUs it computes on or the host's CPUs were that busy (``cpu_saturated``: a node with one
+   CPU on a host at 100 % stalls the same way, and adding memory channels would not help);
+   otherwise memory bandwidth (``memory_bandwidth``, saying whether the CPU was measured);
 2. tool-call arguments wrong -> quantization too low: validity under 95 % over 10+ checked
    (calls cut off by the turn's token limit are a finding of their own too);
 3. a session slows mid-conversation -> the scheduler moved it: any session answered by more
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from inference.loadtests.analysis import percentile
+from inference.loadtests.analysis import CPU_SATURATED_PCT, percentile
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,11 @@ class Finding:
 Context = dict[str, Any]  # {"report": ..., "turns": [...], "sessions": [...]}
 
 
-def _bandwidth(ctx: Context) -> Finding | None:
+def _stall(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(lowest, highest)`` step rows when streams stall as concurrency grows: two streams a
+    node or more at the highest step, whose median per-stream decode rate is under half that at
+    the lowest, while array throughput grew by less than a quarter of the concurrency's
+    growth; None otherwise."""
     rows = [r for r in ctx["report"]["steps"] if r["stream_decode_tps"]]
     if len(rows) < 2:
         return None
@@ -64,16 +72,66 @@ def _bandwidth(ctx: Context) -> Finding | None:
     growth = (high["tokens_per_s"] / low["tokens_per_s"] - 1) / (
         high["concurrency"] / low["concurrency"] - 1
     )
-    if stream_ratio >= 0.5 or growth >= 0.25:
+    return None if stream_ratio >= 0.5 or growth >= 0.25 else (low, high)
+
+
+def _stall_evidence(low: dict[str, Any], high: dict[str, Any]) -> str:
+    return (
+        f"per-stream decode fell from {low['stream_decode_tps']:.1f} tok/s at "
+        f"{low['concurrency']} sessions to {high['stream_decode_tps']:.1f} at "
+        f"{high['concurrency']}, while array throughput went from {low['tokens_per_s']:.0f} "
+        f"to {high['tokens_per_s']:.0f} tok/s"
+    )
+
+
+def _cpu_out(row: dict[str, Any]) -> str | None:
+    """What says the CPU ran out during the step ``row`` (``analysis.step_cpu``): the busiest
+    node at ``CPU_SATURATED_PCT`` of its CPUs or more, or the host; None when neither did (or
+    neither was measured)."""
+    said = []
+    node_pct, host_pct = row.get("node_cpu_pct"), row.get("host_cpu_pct")
+    if node_pct is not None and node_pct >= CPU_SATURATED_PCT:
+        said.append(f"{row.get('node_cpu_node')} used {node_pct:.0f} % of the CPUs it computes on")
+    if host_pct is not None and host_pct >= CPU_SATURATED_PCT:
+        said.append(f"the host's CPUs were {host_pct:.0f} % busy")
+    return " and ".join(said) or None
+
+
+def _cpu_saturated(ctx: Context) -> Finding | None:
+    stall = _stall(ctx)
+    cpu = _cpu_out(stall[1]) if stall else None
+    if not stall or not cpu:
         return None
+    low, high = stall
+    return Finding(
+        "cpu_saturated",
+        "one stream fast, many streams stall",
+        "CPU saturated: the nodes had no CPU left (not memory bandwidth)",
+        f"{_stall_evidence(low, high)}; at {high['concurrency']} sessions {cpu}",
+        "the nodes' CPU % on the Utilization page against their threads and CPU sets, and the "
+        "host's CPU (the control plane and the load generator share it on one machine)",
+        "more threads and CPUs per node (threads, cpu_set), fewer sessions per node "
+        "(max_sessions), or more nodes; on one machine, give the control plane CPUs of its own",
+    )
+
+
+def _bandwidth(ctx: Context) -> Finding | None:
+    stall = _stall(ctx)
+    if not stall or _cpu_out(stall[1]):
+        return None  # CPU saturation explains it first (_cpu_saturated)
+    low, high = stall
+    measured = high.get("node_cpu_pct") is not None or high.get("host_cpu_pct") is not None
+    cpu = (
+        f"; the CPU had room (busiest node {high.get('node_cpu_pct') or 0:.0f} % of its CPUs, "
+        f"host {high.get('host_cpu_pct') or 0:.0f} %)"
+        if measured
+        else "; the nodes' CPU was not measured, so CPU saturation is not ruled out"
+    )
     return Finding(
         "memory_bandwidth",
         "one stream fast, many streams stall",
         "memory bandwidth saturated",
-        f"per-stream decode fell from {low['stream_decode_tps']:.1f} tok/s at "
-        f"{low['concurrency']} sessions to {high['stream_decode_tps']:.1f} at "
-        f"{high['concurrency']}, while array throughput went from {low['tokens_per_s']:.0f} "
-        f"to {high['tokens_per_s']:.0f} tok/s",
+        _stall_evidence(low, high) + cpu,
         "the node's measured memory bandwidth on its Validation page against the machine's peak",
         "fewer sessions per node (max_sessions), more nodes or more memory channels",
     )
@@ -248,6 +306,7 @@ def _control_plane(ctx: Context) -> Finding | None:
 
 
 RULES: tuple[Callable[[Context], Finding | None], ...] = (
+    _cpu_saturated,
     _bandwidth,
     _tool_calls,
     _truncated_calls,

@@ -333,14 +333,38 @@ async def _first_model(target: Target) -> str:
 
 
 def _array_sampler():
-    """This array's utilization snapshot (``console.utilization.take_snapshot``)."""
+    """This array's utilization snapshot (``console.utilization.take_snapshot``), each node
+    with the CPUs it computes on (``cpus``) and, for a node whose process was
+    measured on this host, the host's CPU % (``host_cpu``), so the report can tell a node or
+    a host out of CPU from one out of memory bandwidth."""
+    from asgiref.sync import sync_to_async
+
     from console.utilization import take_snapshot
 
     async def sample() -> dict[str, Any]:
         snapshot, _ = await take_snapshot(0, None)
+        budgets = await sync_to_async(node_cpus, thread_sensitive=False)()
+        host_cpu = (snapshot.get("host") or {}).get("cpu")
+        for node_id, n in (snapshot.get("nodes") or {}).items():
+            n["cpus"] = budgets.get(node_id)
+            n["host_cpu"] = host_cpu if n.get("cpu") is not None else None
         return snapshot
 
     return sample
+
+
+def node_cpus() -> dict[str, int]:
+    """``{node_id: CPUs}``: the threads each node computes with, no more than the CPUs of its
+    CPU set when it has one (a node with 1 thread uses one CPU however many it may run on)."""
+    from nodes.models import Node
+    from nodes.validation_machines import cpu_set_of
+
+    close_old_connections()
+    out = {}
+    for node_id, cpu_set, threads in Node.objects.values_list("node_id", "cpu_set", "threads"):
+        pinned = cpu_set_of(cpu_set)
+        out[node_id] = max(1, min(threads or 1, len(pinned) if pinned else threads or 1))
+    return out
 
 
 # --- the control loop's side -------------------------------------------------------------------

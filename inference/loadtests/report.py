@@ -7,11 +7,15 @@ Sections (every report has each, empty when nothing was measured)::
                  "knee_metric", "bend_concurrency", "session_p95_s", "session_p99_s",
                  "turn_ttft_p95_s", "turn_latency_p95_s", "tokens_per_s", "cached_ratio",
                  "sessions_per_node", "cost_per_session", "cost_per_million_tokens",
-                 "tool_call_validity", "target_p95_s"},
-     "steps": [analysis.step_rows], "curve": [{"concurrency", "tokens_per_s",
+                 "tool_call_validity", "target_p95_s", "tightest_target_p95_s",
+                 "tightest_knee_concurrency", "tightest_sessions_per_node",
+                 "tightest_cost_per_session", "tightest_cost_per_million_tokens"},
+     "steps": [analysis.step_rows + analysis.step_cpu], "curve": [{"concurrency", "tokens_per_s",
      "requests_per_s", "p95_s", "meets"}], "ttft_split": {...}, "tool_calls": {...},
      "nodes": [analysis.node_rows], "errors": [analysis.error_rows],
      "control_plane": {"health": latency, "console": latency}, "capacity": {...},
+     "capacity_tightest": {...} | None (the plan at the tightest target the run meets,
+     ``analysis.tightest_target`` over ``TARGETS_S``),
      "targets": [{"target_p95_s", "knee_concurrency", "sessions_per_node"}],
      "findings": [diagnosis], "profiles": {...}}
 """
@@ -28,6 +32,13 @@ from inference.loadtests.scenario import Scenario
 
 PLANNED_SESSIONS = 1000  # the capacity plan a report carries; the page plans for any count
 TARGETS_S = (0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)  # the knee at other P95 targets, for planning
+TIGHTEST_FIELDS = (
+    "tightest_target_p95_s",
+    "tightest_knee_concurrency",
+    "tightest_sessions_per_node",
+    "tightest_cost_per_session",
+    "tightest_cost_per_million_tokens",
+)
 
 
 def knees_by_target(rows: list[dict[str, Any]], nodes: int, scenario_target: float) -> list[dict]:
@@ -64,8 +75,10 @@ def build_report(
     """The report of a run (shape in the module docstring); ``samples`` are the run's live
     samples (``{"t", "nodes": {...}, "health_ms", "console_ms"}``)."""
     rows = analysis.step_rows(turns, sessions, steps)
+    analysis.step_cpu(rows, samples)
     for row in rows:
         row["meets"] = analysis.meets_target(row, scenario.target_p95_s)
+    tightest = analysis.tightest_target(rows, TARGETS_S)
     node_rows = analysis.node_rows(turns, sessions, samples)
     serving = max(1, sum(1 for n in node_rows if n["requests"]))
     report: dict[str, Any] = {
@@ -98,6 +111,15 @@ def build_report(
             target_p95_s=scenario.target_p95_s,
             costs=costs,
         ),
+        "capacity_tightest": analysis.capacity_plan(
+            rows=rows,
+            nodes_in_run=serving,
+            sessions=PLANNED_SESSIONS,
+            target_p95_s=tightest,
+            costs=costs,
+        )
+        if tightest is not None
+        else None,
         "targets": knees_by_target(rows, serving, scenario.target_p95_s),
         "profiles": profiles or {},
     }
@@ -145,6 +167,23 @@ def _summary(
         "cost_per_session": plan["cost_per_session"],
         "cost_per_million_tokens": plan["cost_per_million_tokens"],
         "tool_call_validity": report["tool_calls"]["validity"],
+        **_tightest(report),
+    }
+
+
+def _tightest(report: dict[str, Any]) -> dict[str, Any]:
+    """The summary's answer at the tightest target the run meets (``capacity_tightest``),
+    so capacity and cost are never empty: ``tightest_target_p95_s`` (s),
+    ``tightest_knee_concurrency``, ``tightest_sessions_per_node``, ``tightest_cost_per_session``
+    and ``tightest_cost_per_million_tokens``; all None when no step met any target."""
+    plan = report.get("capacity_tightest") or {}
+    found = analysis.knee(report["steps"], plan["target_p95_s"]) if plan else None
+    return {
+        "tightest_target_p95_s": plan.get("target_p95_s"),
+        "tightest_knee_concurrency": found["concurrency"] if found else None,
+        "tightest_sessions_per_node": plan.get("sessions_per_node"),
+        "tightest_cost_per_session": plan.get("cost_per_session"),
+        "tightest_cost_per_million_tokens": plan.get("cost_per_million_tokens"),
     }
 
 
@@ -166,6 +205,7 @@ def headline(report: dict[str, Any], *, run_id: int | None = None) -> dict[str, 
         "sessions_per_node": s["sessions_per_node"],
         "cost_per_session": s["cost_per_session"],
         "cost_per_million_tokens": s["cost_per_million_tokens"],
+        **{k: s.get(k) for k in TIGHTEST_FIELDS},
         "tokens_per_s": s["tokens_per_s"],
         "cached_ratio": s["cached_ratio"],
         "tool_call_validity": s["tool_call_validity"],
@@ -189,6 +229,8 @@ STEP_COLUMNS = (
     "session_p99_s",
     "cached_ratio",
     "stream_decode_tps",
+    "node_cpu_pct",
+    "host_cpu_pct",
 )
 TURN_COLUMNS = (
     "step",

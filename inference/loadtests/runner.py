@@ -485,7 +485,7 @@ class LoadRun:
             snapshot = await self.sample_array()
         except Exception:
             return {}
-        keep = ("state", "cpu", "kv_pct", "active", "queue", "total", "decode_tps", "sessions")
+        keep = analysis.NODE_FIGURES
         return {
             node_id: {k: n.get(k) for k in keep}
             for node_id, n in (snapshot.get("nodes") or {}).items()

@@ -8,7 +8,7 @@ from typing import Any
 REPORT_SECTIONS = frozenset(
     (
         "scenario summary steps curve ttft_split tool_calls nodes errors control_plane capacity "
-        "targets findings profiles"
+        "capacity_tightest targets findings profiles"
     ).split()
 )
 

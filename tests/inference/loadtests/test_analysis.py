@@ -196,3 +196,40 @@ def test_the_errors_table_keeps_the_most_frequent_kinds_and_folds_the_rest():
     assert len(rows) == MAX_ERROR_KINDS and rows[0]["kind"] == "timeout" and rows[0]["count"] == 3
     assert rows[-1]["kind"] == "other (82 kinds)" and rows[-1]["count"] == 82
     assert sum(r["count"] for r in rows) == 103
+
+
+def test_it_finds_the_tightest_target_of_the_ladder_the_run_meets():
+    # one session's cache-hit TTFT P95 is 1.75 s: 0.3 s is out of reach, 2 s is not
+    rows = rows_of([(1, 1.75, 7), (2, 5.6, 20), (4, 6.0, 22)])
+    assert knee(rows, 0.3) is None
+    assert analysis.tightest_target(rows, (0.1, 0.3, 1.0, 2.0, 5.0)) == 2.0
+    assert knee(rows, 2.0)["concurrency"] == 1
+
+
+def test_past_the_ladder_the_tightest_target_is_the_lowest_steps_p95_rounded_up():
+    rows = rows_of([(1, 7.34, 7), (2, 9.0, 8)])
+    assert analysis.tightest_target(rows, (0.3, 5.0)) == 7.4
+    assert knee(rows, 7.4)["concurrency"] == 1
+
+
+def test_a_run_whose_first_step_failed_has_no_tightest_target():
+    turns, sessions, steps = curve([(1, 0.05, 30)])
+    turns += [turn(0, 1, ok=False, error="timeout", ttft=None) for _ in range(5)]
+    assert analysis.tightest_target(step_rows(turns, sessions, steps), (0.3, 5.0)) is None
+    assert analysis.tightest_target([], (0.3,)) is None
+
+
+def test_it_measures_each_steps_cpu_against_the_cpus_a_node_computes_on():
+    rows = rows_of([(1, 0.1, 30), (2, 0.1, 40)])
+    samples = [
+        {"step": 0, "nodes": {"a": {"cpu": 50.0, "cpus": 1, "host_cpu": 40.0}}},
+        {"step": 1, "nodes": {"a": {"cpu": 190.0, "cpus": 2, "host_cpu": 97.0}}},
+        {"step": 1, "nodes": {"a": {"cpu": 170.0, "cpus": 2, "host_cpu": 99.0}, "b": {"cpu": 9.0}}},
+    ]
+    analysis.step_cpu(rows, samples)
+    assert (rows[0]["node_cpu_pct"], rows[0]["host_cpu_pct"]) == (50.0, 40.0)
+    assert (rows[1]["node_cpu_pct"], rows[1]["node_cpu_node"], rows[1]["host_cpu_pct"]) == (
+        90.0,
+        "a",
+        98.0,
+    )  # b's CPUs are unknown: not judged

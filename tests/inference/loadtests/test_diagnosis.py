@@ -121,12 +121,52 @@ def test_it_finds_a_cold_start():
     assert "node-02's first turn waited 4.00 s" in found[0]["evidence"]
 
 
-def test_it_finds_memory_bandwidth_when_streams_stall_and_throughput_stays_flat():
+def stalled_run():
     turns, sessions, steps = curve([(1, 0.05, 30), (2, 0.05, 32), (4, 0.05, 33)])
     for t in turns:  # per-stream decode falls as concurrency grows
         t["lat"] = t["ttft"] + 0.2 * t["c"] ** 2
-    found = rules(report_of(turns, sessions, steps, balanced_samples()))
-    assert "memory_bandwidth" in found
+    return turns, sessions, steps
+
+
+def cpu_samples(node_cpu, host_cpu, cpus=1):
+    return [
+        {
+            "step": step,
+            "nodes": {"node-01": {"cpu": node_cpu, "cpus": cpus, "host_cpu": host_cpu}},
+            "health_ms": 5.0,
+            "console_ms": 20.0,
+        }
+        for step in range(3)
+    ]
+
+
+def test_it_finds_memory_bandwidth_when_streams_stall_and_throughput_stays_flat():
+    found = report_of(*stalled_run(), cpu_samples(40.0, 45.0))["findings"]
+    assert [f["rule"] for f in found] == ["memory_bandwidth"]
+    assert "the CPU had room (busiest node 40 % of its CPUs, host 45 %)" in found[0]["evidence"]
+
+
+def test_it_says_cpu_was_not_measured_when_it_blames_bandwidth_without_cpu_samples():
+    samples = [{"nodes": {"node-01": {"cpu": 99.0}}, "health_ms": 5.0, "console_ms": 9.0}] * 5
+    found = report_of(*stalled_run(), samples)["findings"]
+    assert [f["rule"] for f in found] == ["memory_bandwidth"]
+    assert "CPU saturation is not ruled out" in found[0]["evidence"]
+
+
+def test_it_blames_a_node_out_of_cpu_before_memory_bandwidth():
+    # one CPU a node, the node's process at 98 % of it: the stall is the CPU
+    found = report_of(*stalled_run(), cpu_samples(98.0, 60.0))["findings"]
+    assert [f["rule"] for f in found] == ["cpu_saturated"]
+    assert found[0]["cause"].startswith("CPU saturated")
+    assert "at 4 sessions node-01 used 98 % of the CPUs it computes on" in found[0]["evidence"]
+
+
+def test_it_blames_a_busy_host_before_memory_bandwidth():
+    # a node with 2 CPUs at half of them, but the host at 100 %: still no CPU left
+    found = report_of(*stalled_run(), cpu_samples(100.0, 100.0, cpus=2))["findings"]
+    assert [f["rule"] for f in found] == ["cpu_saturated"]
+    assert "the host's CPUs were 100 % busy" in found[0]["evidence"]
+    assert "node-01 used" not in found[0]["evidence"]
 
 
 def test_it_finds_overload_and_a_slow_control_plane():
