@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from console.audit import acting_as
+from console.commands import ArrayCommand
 from console.errors import ConsoleError
 from inference.api_upgrades import upgrade_out
 from inference.management.commands.package import _package
@@ -21,7 +22,7 @@ from inference.upgrades import driver, services
 SETTING_FLAGS = ("max_unavailable", "canary_share", "bake_s", "drain_timeout_s", "switch_timeout_s")
 
 
-class Command(BaseCommand):
+class Command(ArrayCommand):
     help = "Start, follow and steer rolling upgrades."
 
     def add_arguments(self, parser) -> None:
