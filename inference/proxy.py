@@ -282,6 +282,17 @@ def _retry_after(response: httpx.Response, default: int) -> int:
         return default
 
 
+def _check_inflight(policy: RoutingPolicy) -> None:
+    """Raises ``ArrayFull`` (429, Retry-After 1 s) when this process already holds
+    ``policy.max_inflight`` requests (0: no limit)."""
+    if policy.max_inflight and inflight.total >= policy.max_inflight:
+        raise ArrayFull(
+            f"The control plane has {inflight.total} requests open (max_inflight "
+            f"{policy.max_inflight}); retry shortly.",
+            retry_after=1,
+        )
+
+
 async def upstream_open(
     *,
     payload: dict[str, Any],
@@ -304,12 +315,7 @@ async def upstream_open(
     a read when the caller already has it.
     """
     policy = policy or await lookups.arouting_policy()
-    if policy.max_inflight and inflight.total >= policy.max_inflight:
-        raise ArrayFull(
-            f"The control plane has {inflight.total} requests open (max_inflight "
-            f"{policy.max_inflight}); retry shortly.",
-            retry_after=1,
-        )
+    _check_inflight(policy)
     refuse_poison(payload)
     exclude: dict[str, str] = {}
     broke_last_turn = broken_turns.take(session_id)
