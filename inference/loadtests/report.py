@@ -81,21 +81,22 @@ def build_report(
     tightest = analysis.tightest_target(rows, TARGETS_S)
     node_rows = analysis.node_rows(turns, sessions, samples)
     serving = max(1, sum(1 for n in node_rows if n["requests"]))
+
+    def plan(target_p95_s: float) -> dict[str, Any]:
+        return analysis.capacity_plan(
+            rows=rows,
+            nodes_in_run=serving,
+            sessions=PLANNED_SESSIONS,
+            target_p95_s=target_p95_s,
+            costs=costs,
+        )
+
     report: dict[str, Any] = {
         "scenario": scenario.as_spec(),
         "target": target,
         "state": state,
         "steps": rows,
-        "curve": [
-            {
-                "concurrency": r["concurrency"],
-                "tokens_per_s": r["tokens_per_s"],
-                "requests_per_s": r["requests_per_s"],
-                "p95_s": analysis.knee_metric(r),
-                "meets": r["meets"],
-            }
-            for r in rows
-        ],
+        "curve": [_curve_point(r) for r in rows],
         "ttft_split": analysis.ttft_split(turns),
         "tool_calls": analysis.tool_calls(turns),
         "nodes": node_rows,
@@ -104,28 +105,25 @@ def build_report(
             "health": analysis.latency_summary([s.get("health_ms") for s in samples]),
             "console": analysis.latency_summary([s.get("console_ms") for s in samples]),
         },
-        "capacity": analysis.capacity_plan(
-            rows=rows,
-            nodes_in_run=serving,
-            sessions=PLANNED_SESSIONS,
-            target_p95_s=scenario.target_p95_s,
-            costs=costs,
-        ),
-        "capacity_tightest": analysis.capacity_plan(
-            rows=rows,
-            nodes_in_run=serving,
-            sessions=PLANNED_SESSIONS,
-            target_p95_s=tightest,
-            costs=costs,
-        )
-        if tightest is not None
-        else None,
+        "capacity": plan(scenario.target_p95_s),
+        "capacity_tightest": plan(tightest) if tightest is not None else None,
         "targets": knees_by_target(rows, serving, scenario.target_p95_s),
         "profiles": profiles or {},
     }
     report["summary"] = _summary(report, turns, sessions, steps, serving)
     report["findings"] = diagnose(report, turns, sessions)
     return report
+
+
+def _curve_point(row: dict[str, Any]) -> dict[str, Any]:
+    """One point of the throughput-against-concurrency curve from a step row."""
+    return {
+        "concurrency": row["concurrency"],
+        "tokens_per_s": row["tokens_per_s"],
+        "requests_per_s": row["requests_per_s"],
+        "p95_s": analysis.knee_metric(row),
+        "meets": row["meets"],
+    }
 
 
 def _summary(
