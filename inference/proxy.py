@@ -352,6 +352,22 @@ async def upstream_open(
     )
 
 
+async def _kv_in_place(
+    target: services.RouteTarget, session_id: str | None, held: Any
+) -> tuple[Any, Any]:
+    """Before a turn is sent: a session moving to ``target`` has its KV moved there (the route
+    committed first: ``(recorded, None)``); a turn behind a concurrent move waits for it to land
+    (``(None, held)``)."""
+    if target.kv_source and session_id:
+        recorded = route_writer.commit(held)
+        await _moving_kv(target, session_id, recorded)
+        return recorded, None
+    if session_id in _kv_moves:  # a concurrent turn carries the KV: send after it lands
+        with contextlib.suppress(Exception):
+            await asyncio.shield(_kv_moves[session_id])
+    return None, held
+
+
 async def _attempt(
     target: services.RouteTarget,
     held: Any,
@@ -365,13 +381,7 @@ async def _attempt(
     """Send the request to ``target`` and wait for its first byte. Returns the open answer, or
     None after adding the node to ``exclude`` with the reason (the caller tries another).
     Raises ``NoHealthyNode`` (503 ``node_busy``) when the node a session sticks to is busy."""
-    recorded = None
-    if target.kv_source and session_id:
-        recorded, held = route_writer.commit(held), None
-        await _moving_kv(target, session_id, recorded)
-    elif session_id in _kv_moves:  # a concurrent turn carries the KV: send after it lands
-        with contextlib.suppress(Exception):
-            await asyncio.shield(_kv_moves[session_id])
+    recorded, held = await _kv_in_place(target, session_id, held)
     inflight.acquire(target.node_id)
     try:
         response, rest, first = await _watched(
