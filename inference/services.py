@@ -221,14 +221,7 @@ def route_plan(
         decision = _decide(
             table.views, model=model, exclude=exclude, limits=limits, retry_after=retry_after
         )
-        return RouteTarget(
-            decision.node_id,
-            table.addresses[decision.node_id],
-            table.node_names.get(decision.node_id) or model,
-            decision,
-            prefill_speed=table.prefill_speed(decision.node_id),
-            package=table.package_keys.get(decision.node_id),
-        )
+        return _target(table, decision, model)
     now = now or timezone.now()
     pin = _session_pin(row, now=now, cooldown_s=policy.move_cooldown_s)
     version = row.package_id if row is not None else None
@@ -245,29 +238,51 @@ def route_plan(
         version=version,
     )
     decision = plan.decision
+    record = _route_write(session_id, row, plan, pin, table, new_turn=new_turn, at=now)
+    kv_source = _kv_source(table, decision, exclude or {}) if decision.action == "moved" else None
+    return _target(table, decision, model, kv_source=kv_source, record=record)
+
+
+def _route_write(
+    session_id: str,
+    row: RouteRow | None,
+    plan: Any,
+    pin: SessionPin,
+    table: NodeTable,
+    *,
+    new_turn: bool,
+    at: datetime,
+) -> RouteWrite:
+    """The routing-table change for ``plan`` (``_decide``'s answer) of a session whose route
+    was ``row``: the previous node when it moved or was released, the version it now runs."""
+    decision = plan.decision
     package_id = table.package_ids.get(decision.node_id)
-    record = RouteWrite(
+    return RouteWrite(
         session_id=session_id,
         decision=decision,
         previous=pin.node_id if (decision.pins or plan.released) else None,
         released=plan.released,
         package_id=package_id,
         new_turn=new_turn,
-        at=now,
+        at=at,
         version_changed=row is not None
         and row.package_id is not None
         and package_id != row.package_id,
     )
-    kv_source = _kv_source(table, decision, exclude or {}) if decision.action == "moved" else None
+
+
+def _target(table: NodeTable, decision: Any, model: str, **extra: Any) -> RouteTarget:
+    """The ``RouteTarget`` of ``decision``: the node's address, the name it serves (else
+    ``model``), its prefill speed and the package version on it; ``extra``: ``kv_source``,
+    ``record``."""
     return RouteTarget(
         decision.node_id,
         table.addresses[decision.node_id],
         table.node_names.get(decision.node_id) or model,
         decision,
-        kv_source=kv_source,
-        record=record,
         prefill_speed=table.prefill_speed(decision.node_id),
         package=table.package_keys.get(decision.node_id),
+        **extra,
     )
 
 
