@@ -44,6 +44,7 @@ def node_payload(node: Node) -> dict[str, Any]:
         "package": node.package.key if node.package_id and node.package else None,
         "failures": node.consecutive_failures,
         "error": status.error,
+        "error_at": status.error_at_iso,
         "badge": status.badge,
         "serving": status.serving,
         "recent_error": status.recent_error,

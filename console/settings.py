@@ -75,6 +75,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # {{ moment|when }}: one time format on every page (docs/console.md, "Times")
+            "builtins": ["console.templatetags.console_time"],
         },
     },
 ]

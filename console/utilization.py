@@ -162,6 +162,7 @@ def _inventory(after_event: int | None) -> tuple[list[dict[str, Any]], list[dict
             "package": n.package.key if n.package else None,
             "sessions": n.pinned,
             "error": statuses[n.node_id].error,
+            "error_at": statuses[n.node_id].error_at_iso,
             "badge": statuses[n.node_id].badge,
             "serving": statuses[n.node_id].serving,
             "recent_error": statuses[n.node_id].recent_error,

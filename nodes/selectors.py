@@ -6,7 +6,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, OuterRef, Subquery
@@ -205,14 +205,21 @@ class NodeStatus:
     """What the overview and the nodes table show of a node: ``badge`` (serving, validating,
     failed validation, starting, restarting, down, draining, standby), its ``colour``,
     ``serving`` (takes new sessions), the last ``error`` as a sentence (a failed probe now,
-    else the last went-down, crash-restart or failed validation event, with its time; "" when
-    none) and ``recent_error`` (a probe failing now, or such an event in the last hour)."""
+    else the last went-down, crash-restart or failed validation event; "" when none),
+    ``recent_error`` (a probe failing now, or such an event in the last hour) and
+    ``error_at``, when the error happened (the pages draw it in the one time format)."""
 
     badge: str
     colour: str
     serving: bool
     error: str = ""
     recent_error: bool = False
+    error_at: datetime | None = None
+
+    @property
+    def error_at_iso(self) -> str | None:
+        """``error_at`` in ISO 8601, as the live feed sends it; None when there is none."""
+        return self.error_at.isoformat() if self.error_at else None
 
 
 def _is_error(event: NodeEvent) -> bool:
@@ -245,22 +252,15 @@ def node_status(
 ) -> NodeStatus:
     """The status of ``node`` from its row, its ``latest`` event and its last error event."""
     badge = _badge(node, latest)
-    error, recent = "", False
+    error, error_at, recent = "", None, False
     if node.last_probe_error:
-        at = (
-            timezone.localtime(node.last_probe_at).strftime("%H:%M:%S")
-            if node.last_probe_at
-            else ""
-        )
-        error, recent = (
-            f"{node.last_probe_error} (probe at {at})" if at else node.last_probe_error,
-            True,
-        )
+        error, error_at, recent = f"Probe failed: {node.last_probe_error}", node.last_probe_at, True
     elif last_error is not None:
-        at = timezone.localtime(last_error.created_at)
-        error = f"{last_error.get_kind_display()} at {at:%H:%M:%S}: {last_error.message}"
+        error = f"{last_error.get_kind_display()}: {last_error.message}"
+        error_at = last_error.created_at
         recent = (timezone.now() - last_error.created_at).total_seconds() < RECENT_ERROR_S
-    return NodeStatus(badge, BADGE_COLOURS.get(badge, "grey"), badge == "serving", error, recent)
+    colour = BADGE_COLOURS.get(badge, "grey")
+    return NodeStatus(badge, colour, badge == "serving", error, recent, error_at)
 
 
 def nodes_status(nodes: list[Node]) -> dict[str, NodeStatus]:

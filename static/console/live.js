@@ -30,6 +30,29 @@
     };
   }
 
+  // One time format on every page, in the operator's (the browser's) time zone, zone shown:
+  // "2026-12-01 23:33:05 GMT+1". The server writes <time datetime="ISO"> in its own zone
+  // (console/templatetags/console_time.py); every such element is redrawn here, new ones too.
+  const TIME = new Intl.DateTimeFormat("en-US", {year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short"});
+  function when(iso) {
+    const d = iso instanceof Date ? iso : new Date(iso);
+    if (iso == null || iso === "" || isNaN(d)) return "—";
+    const p = Object.fromEntries(TIME.formatToParts(d).map(x => [x.type, x.value]));
+    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${p.timeZoneName}`;
+  }
+  function timeHtml(iso) { return iso ? `<time datetime="${esc(iso)}">${esc(when(iso))}</time>` : "—"; }
+  function showTimes(root) {
+    (root || document).querySelectorAll("time[datetime]").forEach(t => {
+      if (t.dataset.shown === t.getAttribute("datetime")) return;
+      t.textContent = when(t.getAttribute("datetime"));
+      t.dataset.shown = t.getAttribute("datetime");
+    });
+  }
+  function watchTimes() {
+    showTimes(document);
+    new MutationObserver(() => showTimes(document)).observe(document.body, {subtree: true, childList: true, attributes: true, attributeFilter: ["datetime"]});
+  }
+
   function esc(s) { return String(s == null ? "" : s).replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c])); }
   function fmt(v, digits) { return v == null ? "–" : Number(v).toFixed(digits === undefined ? 1 : digits); }
 
@@ -47,14 +70,17 @@
       }
       for (const [key, value] of Object.entries(fields)) {
         if (key === "state" || key === "badge") continue;
-        row.querySelectorAll(`[data-field="${key}"]`).forEach(c => { c.textContent = value == null || value === "" ? "—" : value; });
+        row.querySelectorAll(`[data-field="${key}"]`).forEach(c => {
+          if (c.tagName === "TIME") { c.hidden = !value; if (value) c.setAttribute("datetime", value); return; }
+          c.textContent = value == null || value === "" ? "—" : value;
+        });
       }
     });
   }
 
   function bindNodesTable() {
     const table = document.getElementById("nodes-table");
-    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, badge: msg.node.badge, error: msg.node.error, failures: msg.node.failures, validation: msg.node.validation}));
+    on("node", msg => applyNode(msg.node.node_id, {state: msg.node.state, badge: msg.node.badge, error: msg.node.error, error_at: msg.node.error_at, failures: msg.node.failures, validation: msg.node.validation}));
     on("node_removed", id => document.querySelectorAll(`[data-node="${CSS.escape(id)}"]`).forEach(r => r.classList.add("removed")));
     on("snapshot", snap => {
       for (const [id, n] of Object.entries(snap.nodes)) {
@@ -64,11 +90,11 @@
           const tr = document.createElement("tr");
           tr.dataset.node = id;
           const cols = table.querySelectorAll("thead th").length;
-          tr.innerHTML = `<td><a href="/nodes/${encodeURIComponent(id)}/">${esc(id)}</a></td><td class="mono">${esc(n.address)}</td><td><span data-field="state"></span></td><td><a href="/validation/${encodeURIComponent(id)}/" data-field="validation"></a></td><td>${esc(n.package || "—")}</td><td></td><td data-field="sessions"></td><td data-field="load"></td><td data-field="tps"></td><td data-field="cpu"></td><td class="err" data-field="error"></td>` + (cols > 11 ? "<td><small>reload for actions</small></td>" : "");
+          tr.innerHTML = `<td><a href="/nodes/${encodeURIComponent(id)}/">${esc(id)}</a></td><td class="mono">${esc(n.address)}</td><td><span data-field="state"></span></td><td><a href="/validation/${encodeURIComponent(id)}/" data-field="validation"></a></td><td>${esc(n.package || "—")}</td><td></td><td data-field="sessions"></td><td data-field="load"></td><td data-field="tps"></td><td data-field="cpu"></td><td class="err"><span data-field="error"></span> <time data-field="error_at" hidden></time></td>` + (cols > 11 ? "<td><small>reload for actions</small></td>" : "");
           tbody.appendChild(tr);
         }
         const load = n.total ? ((n.active || 0) + (n.queue || 0)) / n.total : null;
-        applyNode(id, {state: n.state, badge: n.badge, validation: n.validation, sessions: n.sessions, error: n.error, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
+        applyNode(id, {state: n.state, badge: n.badge, validation: n.validation, sessions: n.sessions, error: n.error, error_at: n.error_at, tps: n.ok ? fmt((n.decode_tps || 0) + (n.prefill_tps || 0)) : "–",
                        cpu: fmt(n.cpu), load: load == null ? "?" : load.toFixed(2)});
       }
       if (table) table.querySelectorAll("tbody tr[data-node]").forEach(r => r.classList.toggle("removed", !(r.dataset.node in snap.nodes)));
@@ -104,8 +130,7 @@
     const li = document.createElement("li");
     li.dataset.event = ev.id;
     li.className = "fresh";
-    const at = ev.at ? new Date(ev.at).toLocaleTimeString([], {hour12: false}) : "";
-    li.innerHTML = `<time>${esc(at)}</time> ${nodeFilter ? "" : `<a href="/nodes/${encodeURIComponent(ev.node_id)}/">${esc(ev.node_id)}</a> `}<b class="kind-${esc(ev.kind)}">${esc(ev.label)}</b> ${esc(ev.message)}${ev.actor ? ` <span class="actor">by ${esc(ev.actor)}</span>` : ""}`;
+    li.innerHTML = `${timeHtml(ev.at)} ${nodeFilter ? "" : `<a href="/nodes/${encodeURIComponent(ev.node_id)}/">${esc(ev.node_id)}</a> `}<b class="kind-${esc(ev.kind)}">${esc(ev.label)}</b> ${esc(ev.message)}${ev.actor ? ` <span class="actor">by ${esc(ev.actor)}</span>` : ""}`;
     list.prepend(li);
   }
   function bindEvents(nodeFilter) {
@@ -140,7 +165,8 @@
     }, ms);
   }
 
-  window.Phalanx = {live: {on}, bindNodesTable, bindDrainStatus, bindEvents, bindTiles, refresh, esc, fmt};
+  window.Phalanx = {live: {on}, bindNodesTable, bindDrainStatus, bindEvents, bindTiles, refresh, esc, fmt, when, timeHtml};
   document.addEventListener("DOMContentLoaded", connect);
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watchTimes); else watchTimes();
   if (document.readyState !== "loading") setTimeout(connect, 0);
 })();

@@ -12,7 +12,7 @@
     const el = document.getElementById(id);
     return el ? JSON.parse(el.textContent) : fallback;
   }
-  function when(iso) { return iso ? new Date(iso).toLocaleTimeString() : "—"; }
+  const when = Phalanx.when;  // one time format on every page (live.js)
   function cell(text, cls) {
     const td = document.createElement("td");
     td.textContent = text == null ? "" : String(text);

@@ -469,3 +469,55 @@ def test_the_playground_samples_each_message_with_its_own_seed_and_says_so(
         assert "seed 1234" in metas.inner_text()
         answers.append(page.locator(".msg.assistant .content").inner_text())
     assert answers[0] == answers[1]
+
+
+TIME_PAGES = (
+    "/",
+    "/nodes/{node}/",
+    "/packages/",
+    "/packages/{package}/",
+    "/tokens/",
+    "/audit/",
+    "/routing/",
+    "/sessions/{session}/",
+    "/validation/",
+    "/validation/{node}/",
+)
+READ_TIMES = """() => [...document.querySelectorAll('time')].filter(t => !t.hidden)
+  .map(t => [t.getAttribute('datetime'), t.textContent])"""
+
+
+def test_every_time_reads_one_format_in_the_operators_time_zone(browser, array, healthy_node):
+    """Every moment on every page reads ``YYYY-MM-DD HH:MM:SS ZONE`` in the browser's time zone
+    (one the server does not use), never another format (issue 28)."""
+    from datetime import datetime, timedelta, timezone
+
+    session = f"times-{int(time.time() * 1000)}"
+    answer = httpx.post(
+        f"{array.url}/v1/chat/completions",
+        json={"model": PACKAGE, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {array.token}", "X-Session-Id": session},
+        timeout=120,
+    )
+    assert answer.status_code == 200
+    package = array.api("GET", "/packages").json()[0]["id"]
+    context = browser.new_context(timezone_id="Asia/Kolkata", locale="de-DE")
+    page = context.new_page()
+    page.goto(f"{array.url}/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{array.url}/")
+    india = timezone(timedelta(hours=5, minutes=30))
+    try:
+        for path in TIME_PAGES:
+            page.goto(array.url + path.format(node=healthy_node, package=package, session=session))
+            page.wait_for_function("document.querySelector('time[data-shown]') !== null")
+            shown = page.evaluate(READ_TIMES)
+            assert shown, f"{path}: no time on the page"
+            for iso, text in shown:
+                expected = datetime.fromisoformat(iso).astimezone(india)
+                assert text == f"{expected:%Y-%m-%d %H:%M:%S} GMT+5:30", (path, iso, text)
+        shot(page, "times-in-the-operators-zone")
+    finally:
+        context.close()

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.templatetags.console_time import when_text
 from inference.models import SessionRoute
 from nodes.models import Node, NodeEvent
 from nodes.services import node_record_restart
@@ -40,13 +41,13 @@ def test_a_killed_agent_shows_restarting_and_its_last_error(login, node):
     node_record_restart(
         node_id="node-01", message="node agent exited with status -9 after 40 s; restarting in 1 s"
     )
-    at = timezone.localtime(NodeEvent.objects.get(kind="restarted").created_at)
+    at = NodeEvent.objects.get(kind="restarted").created_at
     text = visible_text(login("viewer").get("/"))
     assert "1 nodes with errors (last hour)" in text
     assert "node-01 127.0.0.1:9401 restarting" in text
     assert (
-        f"Restarted at {at:%H:%M:%S}: node agent exited with status -9 after 40 s; "
-        "restarting in 1 s" in text
+        "Restarted: node agent exited with status -9 after 40 s; "
+        f"restarting in 1 s {when_text(at)}" in text
     )
     assert "by up" in text  # the event's actor: the embedded array's supervisor
     # back and validated: serving again, the error still its last one, no longer counted
@@ -65,7 +66,8 @@ def test_a_failing_probe_is_the_last_error_now(login, node):
         last_probe_error="connection refused", last_probe_at=timezone.now()
     )
     text = visible_text(login("viewer").get("/nodes/node-01/"))
-    assert re.search(r"Last error connection refused \(probe at \d\d:\d\d:\d\d\)", text), text
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+    assert re.search(rf"Last error Probe failed: connection refused {stamp}", text), text
 
 
 def test_node_events_name_their_actor(login, node):

@@ -32,7 +32,6 @@ import httpx
 
 from tests.support.processes import (
     Proc,
-    bundled_model_path,
     control_plane_at_home,
     free_port,
     spawn,
@@ -104,7 +103,7 @@ class UpgradeArray:
         os.kill(loop.popen.pid, signal.SIGKILL)
         loop.popen.wait(30)
 
-    def start_upgrade(self, from_key: str, to_key: str, **settings: float) -> int:
+    def start_upgrade(self, from_key: str, to_key: str, **settings: float | str) -> int:
         body = {
             "from_package_id": self.packages[from_key],
             "to_package_id": self.packages[to_key],
