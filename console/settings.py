@@ -76,7 +76,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
             ],
             # {{ moment|when }}: one time format on every page (docs/console.md, "Times")
-            "builtins": ["console.templatetags.console_time"],
+            "builtins": ["console.templatetags.console_format"],
         },
     },
 ]

@@ -85,6 +85,7 @@ class JobOut(Schema):
     state: str
     package_id: int | None
     output_id: int | None
+    output_key: str | None = Field(None, description="name:version of the package it made")
     params: dict[str, Any]
     progress: float = Field(description="0..1")
     cancel_requested: bool = False
@@ -234,6 +235,7 @@ def _job_out(job: PackageJob) -> dict:
         "state": job.state,
         "package_id": job.package_id,
         "output_id": job.output_id,
+        "output_key": job.output.key if job.output_id else None,
         "params": job.params,
         "progress": job.progress,
         "cancel_requested": job.cancel_requested,

@@ -182,7 +182,7 @@ def build_quantized(
         seconds=round(time.monotonic() - started, 3),
         log_tail=list(lines),
     )
-    report(1.0, f"built {out.name}: {target}, {result.size_bytes / 1e6:.1f} MB")
+    report(1.0, f"built {out.name}: {target}, {result.size_bytes / 2**20:.1f} MiB")
     return done
 
 

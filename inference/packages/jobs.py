@@ -84,8 +84,9 @@ class Reporter:
     def __call__(self, fraction: float | None = None, message: str | None = None) -> None:
         if fraction is not None:
             self.fraction = max(0.0, min(1.0, fraction))
-        if message:
+        if message and message[:255] != self.message:
             self.message = message[:255]
+            self.lines.append(self.message)  # the log tells every step, from the first
         if time.monotonic() - self._written >= self.interval:
             self.flush()
 

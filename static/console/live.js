@@ -32,7 +32,7 @@
 
   // One time format on every page, in the operator's (the browser's) time zone, zone shown:
   // "2026-12-01 23:33:05 GMT+1". The server writes <time datetime="ISO"> in its own zone
-  // (console/templatetags/console_time.py); every such element is redrawn here, new ones too.
+  // (console/templatetags/console_format.py); every such element is redrawn here, new ones too.
   const TIME = new Intl.DateTimeFormat("en-US", {year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short"});
   function when(iso) {
     const d = iso instanceof Date ? iso : new Date(iso);

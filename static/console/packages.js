@@ -37,17 +37,26 @@
       field(row, "error").textContent = job.error || "";
       if (!ACTIVE.has(job.state)) {
         row.querySelectorAll("[data-action=cancel-job]").forEach(b => b.remove());
-        if (ACTIVE.has(was)) {
-          const reload = document.createElement("a");
-          reload.href = location.pathname + "#job-" + job.id;
-          reload.textContent = " reload to see what it made";
-          reload.addEventListener("click", () => setTimeout(() => location.reload(), 0));
-          message.after(reload);
-        }
+        if (ACTIVE.has(was)) made(row, job);
       }
     });
     const log = document.querySelector(`[data-log-job="${job.id}"]`);
-    if (log && job.log != null) log.textContent = job.log || "(nothing yet)";
+    if (log && job.log != null) log.textContent = job.log || (ACTIVE.has(job.state) ? `(no lines yet: ${job.message || job.state})` : "(no lines)");
+  }
+
+  // A job that just ended links to what it made: the new version, or the package it evaluated.
+  function made(row, job) {
+    if (job.state !== "succeeded" || row.querySelector("[data-field=made]")) return;
+    const link = document.createElement("a");
+    link.dataset.field = "made";
+    if (job.output_id) {
+      link.href = `/packages/${job.output_id}/`;
+      link.textContent = ` made ${job.output_key}`;
+    } else if (job.package_id) {
+      link.href = `/packages/${job.package_id}/#evaluation`;
+      link.textContent = " see its results";
+    } else return;
+    field(row, "message").after(link);
   }
 
   function bindJobs() {

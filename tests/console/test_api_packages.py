@@ -233,6 +233,15 @@ def test_jobs_are_queued_shown_and_cancelled(api, package, home):
     assert twice.status_code == 409 and "being evaluated already" in twice.json()["detail"]
 
 
+def test_a_finished_job_names_the_version_it_made(api, package):
+    made = ModelPackage.objects.create(
+        name=package.name, version="2", gguf_path="/nonexistent/y.gguf", sha256="1" * 64
+    )
+    job = PackageJob.objects.create(kind="build", package=package, state="succeeded", output=made)
+    answer = api("viewer", "get", f"/packages/jobs/{job.pk}").json()
+    assert (answer["output_id"], answer["output_key"]) == (made.pk, f"{package.name}:2")
+
+
 def test_a_family_gate_can_be_set(api):
     assert api("viewer", "get", "/packages/policies/smollm2").json()["min_tool_accuracy"] == 0.5
     bad = api("admin", "put", "/packages/policies/smollm2", {"min_tool_accuracy": 1.5})

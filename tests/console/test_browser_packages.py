@@ -145,6 +145,42 @@ def test_a_running_jobs_progress_moves_without_a_reload(page_as, array):
     shot(page, "package-jobs")
 
 
+def test_a_finished_job_links_to_what_it_made_and_every_size_reads_mib(page_as, array):
+    """Mid-run the log shows the steps so far; at the end the row links to the version it made
+    (it said "reload to see what it made"); sizes read MiB on every page (issue 28)."""
+    page = page_as("operator")
+    source = array.package_id("smol-q5_k_m:1")
+    array.shell(
+        "from inference.models import ModelPackage, PackageJob\n"
+        f"PackageJob.objects.create(kind='build', package_id={source}, state='running', "
+        "progress=0.26, message='quantizing', params={'quantization': 'Q3_K_M'}, "
+        "log='reading smol-q5_k_m:1\\nquantizing')"
+    )
+    job = max(j["id"] for j in array.api("GET", "/packages/jobs").json() if j["kind"] == "build")
+    page.goto(f"{array.url}/packages/{source}/")
+    playwright_sync.expect(page.locator("#job-log")).to_have_text(
+        "reading smol-q5_k_m:1\nquantizing"
+    )
+    array.shell(
+        "from inference.models import ModelPackage, PackageJob\n"
+        "made = ModelPackage.objects.create(name='smol-q3_k_m', version='1', family='smol', "
+        "gguf_path='/nonexistent/q3.gguf', sha256='3' * 64, size_bytes=70 * 2**20, "
+        "quantization='Q3_K_M')\n"
+        f"PackageJob.objects.filter(pk={job}).update(state='succeeded', progress=1.0, "
+        "output=made, message='built smol-q3_k_m-1.gguf: Q3_K_M, 70.0 MiB')"
+    )
+    made = page.locator(f'tr[data-job="{job}"] [data-field=made]')
+    playwright_sync.expect(made).to_have_text("made smol-q3_k_m:1", timeout=15_000)
+    made.click()
+    playwright_sync.expect(page.locator("h1")).to_contain_text("smol-q3_k_m")
+    playwright_sync.expect(page.locator("#package-facts")).to_contain_text(
+        f"70.0 MiB ({70 * 2**20} bytes)"
+    )
+    page.goto(f"{array.url}/packages/")
+    row = page.locator("tr", has_text="smol-q5_k_m:1").first
+    playwright_sync.expect(row).to_contain_text("100.0 MiB")
+
+
 def test_an_operator_cancels_a_queued_job(page_as, array):
     page = page_as("operator")
     page.goto(f"{array.url}/packages/")

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from console.templatetags.console_time import when_text
+from console.templatetags.console_format import when_text
 from inference.models import SessionRoute
 from nodes.models import Node, NodeEvent
 from nodes.services import node_record_restart

@@ -312,3 +312,16 @@ def test_an_upload_without_a_version_takes_the_next_one_when_it_finishes(home):
     assert uploads.upload_begin(name="m", version="1", size=10).version == "1"  # no sha: later
     with pytest.raises(Conflict, match="m:1 exists; a different file is a new version"):
         uploads.upload_begin(name="m", version="1", size=10, sha256="1" * 64)
+
+
+def test_every_step_a_job_reports_is_in_its_log_while_it_runs():
+    """At 26 % the log says what has happened so far (it said "(nothing yet)"; issue 28)."""
+    job = running_job()
+    report = reporter(job)
+    report(0.05, "reading smol:1")
+    report(0.26, "quantizing 30 of 112 tensors")
+    report(0.27, "quantizing 30 of 112 tensors")  # the same step again: one line
+    report.flush()
+    job.refresh_from_db()
+    assert job.log == "reading smol:1\nquantizing 30 of 112 tensors"
+    assert (job.progress, job.message) == (0.27, "quantizing 30 of 112 tensors")

@@ -1,4 +1,5 @@
-"""One time format on every page: ``{{ value|when }}``.
+"""One way to write a moment and a size on every page: ``{{ value|when }}`` and
+``{{ bytes|mib }}``.
 
 A moment is drawn as ``<time datetime="ISO 8601">2026-12-01 22:33:05 UTC</time>``: the server
 writes it in ``settings.TIME_ZONE`` (UTC by default) and ``static/console/live.js``
@@ -44,3 +45,18 @@ def when(moment: datetime | str | None, empty: str = "—") -> SafeString | str:
         return empty
     iso = _aware(moment).isoformat(timespec="seconds")
     return format_html('<time datetime="{}">{}</time>', iso, when_text(moment))
+
+
+MIB = 1024 * 1024
+
+
+def mib_text(size_bytes: int | float) -> str:
+    """``size_bytes`` in MiB (2^20 bytes) with one decimal: ``100.6 MiB``; the one unit the
+    pages, the package jobs' messages (2^20 too) and the family chart's ``size_mib`` use."""
+    return f"{size_bytes / MIB:.1f} MiB"
+
+
+@register.filter
+def mib(size_bytes: int | float | None, empty: str = "—") -> str:
+    """``size_bytes`` as ``mib_text`` writes it; ``empty`` when there is none."""
+    return mib_text(size_bytes) if size_bytes else empty
