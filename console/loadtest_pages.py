@@ -138,12 +138,23 @@ def loadtest(request: HttpRequest, run_id: int) -> HttpResponse:
             else None,
             "others": others,
             "capacity_form": capacity_form,
-            "plan": plan or (run.report or {}).get("capacity"),
+            "plan": plan or default_plan(run.report),
             "plan_error": plan_error,
             "currency": CostModel.load().currency,
             "colours": LoadTestRun.STATE_COLOURS,
         },
     )
+
+
+def default_plan(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The capacity plan a report's page shows before the operator asks for another: at the
+    run's target when some step met it, else at the tightest target the run meets
+    (``capacity_tightest``), so the answer is never empty while any target was met."""
+    report = report or {}
+    plan, tightest = report.get("capacity"), report.get("capacity_tightest")
+    if plan and not plan.get("reachable") and tightest:
+        return tightest
+    return plan
 
 
 def shown_report(report: dict[str, Any] | None) -> dict[str, Any] | None:

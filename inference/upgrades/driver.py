@@ -354,6 +354,7 @@ def _served(node: Node, package, upgrade: Upgrade, settings: dict[str, int] | No
         node=node,
         kind=NodeEvent.Kind.SWITCHED,
         message=f"switched by {_actor(upgrade)}: serves {package.key} as {model}",
+        actor=_actor(upgrade),
     )
 
 

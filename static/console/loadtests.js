@@ -14,8 +14,11 @@
   function text(id, value) { const el = document.getElementById(id); if (el) el.textContent = value; }
   function secs(v) { return v == null ? "—" : (v < 1 ? (v * 1000).toFixed(0) + " ms" : v.toFixed(2) + " s"); }
   function layout(title, extra) {
-    return Object.assign({title: {text: title, font: {size: 13}}, height: 250, margin: {l: 50, r: 50, t: 30, b: 45},
-      xaxis: {title: {text: "s since start"}}, yaxis: {rangemode: "tozero"}, legend: {orientation: "h", y: -0.3, font: {size: 10}}}, extra || {});
+    // the legend sits at the foot of the figure (container coordinates), below the axis title,
+    // in a margin tall enough for both: it never covers "s since start"
+    return Object.assign({title: {text: title, font: {size: 13}}, height: 290, margin: {l: 50, r: 50, t: 30, b: 90},
+      xaxis: {title: {text: "s since start", standoff: 6}}, yaxis: {rangemode: "tozero"},
+      legend: {orientation: "h", x: 0, y: 0, yref: "container", yanchor: "bottom", font: {size: 10}}}, extra || {});
   }
 
   // --- live ---------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ curve, steps and findings; the Stop button keeping what was measured; a viewer w
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright import sync_api as playwright_sync
 
@@ -18,8 +20,26 @@ pytestmark = [*browser_marks(), pytest.mark.model]
 SCENARIOS = """
 from inference.loadtests.services import scenario_save
 scenario_save(spec={"name": "browser-agents", "kind": "agent_sessions", "steps": [1, 2],
-                    "turns": 3, "max_tokens": 8, "tool_max_tokens": 64, "max_s": 200})
+                    "turns": 3, "max_tokens": 8, "tool_max_tokens": 64, "max_s": 200,
+                    "target_p95_s": 0.001})
 """
+# where the live charts' legends and x-axis titles are drawn: [[legend box, title box], ...]
+LEGEND_AND_AXIS_TITLE = """() => [...document.querySelectorAll('[id^=lt-chart-]')]
+    .filter(el => el.querySelector('.legend') && el.querySelector('.g-xtitle text'))
+    .map(el => [el.querySelector('.legend'), el.querySelector('.g-xtitle text')]
+        .map(n => { const r = n.getBoundingClientRect();
+                    return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; }))"""
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return not (
+        a["bottom"] <= b["top"]
+        or b["bottom"] <= a["top"]
+        or a["right"] <= b["left"]
+        or b["right"] <= a["left"]
+    )
+
+
 # the curve's traces as Plotly holds them: what the chart plots, by name
 PLOTTED = """() => (document.getElementById('lt-chart-curve').data || [])
     .map(t => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y)}))"""
@@ -51,13 +71,30 @@ def test_an_operator_starts_a_run_follows_it_live_and_reads_its_report(page_as, 
     expect(page.locator("#live-step")).to_contain_text("/ 2", timeout=60_000)
     page.wait_for_function(f"({DRAWN_POINTS})('lt-chart-throughput') > 1", timeout=60_000)
     page.wait_for_function(f"({DRAWN_POINTS})('lt-chart-cpu') > 1", timeout=30_000)
+    drawn_boxes = page.evaluate(LEGEND_AND_AXIS_TITLE)
+    assert drawn_boxes, "no live chart with a legend and an axis title"
+    for legend, title in drawn_boxes:  # "s since start" stays readable
+        assert not overlaps(legend, title), (legend, title)
     shot(page, "loadtest-live")
     # the run ends; the page reloads itself with the report
     expect(page.locator("#lt-report")).to_be_visible(timeout=180_000)
     expect(page.locator("#lt-state")).to_have_text("Succeeded")
     report = array.api("GET", f"/loadtests/{run_id_of(page)}/report").json()
-    knee = report["summary"]["knee_concurrency"]
-    expect(page.locator("#sum-knee")).to_have_text(f"{knee} sessions" if knee else "not met")
+    # no step meets the scenario's 1 ms target: the page answers at the tightest it meets
+    summary = report["summary"]
+    assert summary["knee_concurrency"] is None and summary["tightest_target_p95_s"], summary
+    expect(page.locator("#sum-knee")).to_have_text("not met")
+    knee, tightest = summary["tightest_knee_concurrency"], summary["tightest_target_p95_s"]
+    expect(page.locator("#sum-knee-tightest")).to_have_text(
+        f"{knee} session{'s' if knee != 1 else ''} at ≤ {tightest} s, "
+        "the tightest target this run meets"
+    )
+    tiles = page.locator("#lt-summary")
+    expect(tiles).to_contain_text(f"Sessions per node{summary['tightest_sessions_per_node']}")
+    expect(tiles).to_contain_text(f"at ≤ {tightest} s (none at 0.001 s)")
+    expect(page.locator("#sum-cost")).to_have_text(
+        re.compile(rf"^{summary['tightest_cost_per_session']:.5f} ")
+    )
     steps = page.locator("#lt-steps tbody tr")
     expect(steps).to_have_count(2)
     expect(steps.nth(1).locator("td").first).to_have_text("2")
@@ -78,7 +115,9 @@ def test_an_operator_starts_a_run_follows_it_live_and_reads_its_report(page_as, 
         expect(findings).to_have_text(
             ["No findings: nothing in the metrics matched the troubleshooting table."]
         )
-    expect(page.locator("#lt-capacity")).to_contain_text("Nodes needed")
+    # the plan shown first is at that tightest target too: nodes and cost, never "—"
+    expect(page.locator("#lt-capacity")).to_contain_text(f"at P95 ≤ {tightest} s")
+    expect(page.locator("#plan-nodes")).to_have_text(re.compile(r"^\d+$"))
     shot(page, "loadtest-report")
 
 

@@ -66,11 +66,15 @@ def assert_all_answered(turns: list[Turn]) -> None:
 
 
 def versions_by_session(array, upgrade_id: int, turns: list[Turn], old: str, new: str):
-    """``{session: {versions that answered its turns}}``."""
+    """``{session: {versions that answered its turns}}``; every answer reported the version
+    that served it (``X-Phalanx-Package`` and each chunk's ``system_fingerprint``)."""
     node_stints = stints(array.events(upgrade_id), old, new)
     out: dict[str, set[str]] = {}
     for turn in turns:
-        out.setdefault(turn.session, set()).add(version_of(turn, node_stints, old))
+        served = version_of(turn, node_stints, old)
+        if turn.ok and served != "out of service":
+            assert (turn.package, turn.fingerprints) == (served, {served}), (turn, served)
+        out.setdefault(turn.session, set()).add(served)
     return out
 
 
@@ -157,6 +161,9 @@ def test_it_rolls_an_upgrade_through_running_agent_sessions(array) -> None:
     assert_all_answered(turns)
     versions = assert_no_session_changed_version(array, upgrade_id, turns, old, new)
     assert set(versions.values()) == {old, new}, "sessions ran on both versions"
+    # clients keep the family's name; /v1/models says which version serves it now
+    (family,) = [m for m in array.v1_models() if m["id"] == "smollm2-135m-instruct"]
+    assert [(v["package"], v["up"]) for v in family["versions"] if v["up"]] == [(new, 2)], family
     # the traffic split the page plots saw the canary: both versions active at its share
     samples = array.api("GET", f"/upgrades/{upgrade_id}/samples").json()
     assert any(

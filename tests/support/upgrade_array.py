@@ -80,6 +80,11 @@ class UpgradeArray:
         kwargs.setdefault("timeout", 30)
         return httpx.request(method, f"{self.url}/api{path}", headers=headers, **kwargs)
 
+    def v1_models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: what an OpenAI client sees, ``data``."""
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return httpx.get(f"{self.url}/v1/models", headers=headers, timeout=30).json()["data"]
+
     def nodes(self) -> dict[str, dict[str, Any]]:
         return {n["node_id"]: n for n in self.api("GET", "/nodes").json()}
 
@@ -230,6 +235,8 @@ class Turn:
     ok: bool
     cut: bool
     error: str = ""
+    package: str = ""  # the version the answer says served it (X-Phalanx-Package)
+    fingerprints: frozenset[str] = frozenset()  # every chunk's system_fingerprint
 
 
 @dataclass
@@ -307,11 +314,13 @@ class AgentTraffic:
         }
         headers = {"Authorization": f"Bearer {self.token}", "X-Session-Id": session}
         started, node, text, done, error = time.time(), "", [], False, ""
+        package, fingerprints = "", set()
         try:
             async with client.stream(
                 "POST", f"{self.url}/v1/chat/completions", json=body, headers=headers
             ) as r:
                 node = r.headers.get("x-phalanx-node", "")
+                package = r.headers.get("x-phalanx-package", "")
                 if r.status_code != 200:
                     error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
                 else:
@@ -322,18 +331,22 @@ class AgentTraffic:
                             event = json.loads(line[6:])
                             if "error" in event:
                                 error = str(event["error"])[:300]
+                            if event.get("system_fingerprint"):
+                                fingerprints.add(event["system_fingerprint"])
                             for choice in event.get("choices") or []:
                                 text.append((choice.get("delta") or {}).get("content") or "")
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
         ok = done and not error
         cut = not ok and not error.startswith("HTTP")
-        return Turn(session, index, node, started, time.time(), ok, cut, error), "".join(text)
+        turn = Turn(
+            session, index, node, started, time.time(), ok, cut, error, package,
+            frozenset(fingerprints),
+        )  # fmt: skip
+        return turn, "".join(text)
 
 
-def run_sessions(
-    url: str, token: str, session_ids: list[str], *, turns: int = 2
-) -> list[Turn]:
+def run_sessions(url: str, token: str, session_ids: list[str], *, turns: int = 2) -> list[Turn]:
     """Run the given sessions whole, concurrently; returns their turns."""
     traffic = AgentTraffic(url, token, prefix="", turns=turns)
 

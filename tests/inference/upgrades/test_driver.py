@@ -49,6 +49,8 @@ def test_an_upgrade_rolls_batch_by_batch_to_the_new_version(fleet, packages):
     assert {m for k, m in said if k == "switched"} == {
         f"switched by {by}: serves smol-q4_k_m:1 as smol-q4_1"
     }
+    moved = ("drained", "switched", "undrained")  # each names its actor, as the pages show it
+    assert set(NodeEvent.objects.filter(kind__in=moved).values_list("actor", flat=True)) == {by}
     driver.upgrades_tick()  # a finished upgrade is no longer sampled
     samples = list(done.samples.values_list("new_share", flat=True))
     assert samples and samples[-1] == 1.0
