@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -163,3 +164,40 @@ def test_a_version_that_does_as_well_bakes_green_on_the_scraped_counters(fleet, 
     assert bake and bake[0]["detail"] == "error rate 0.0% (new) against 0.0% (old), at most 2.0%"
     ttft = [g for g in row.gates if g["gate"] == "ttft_p95"]
     assert ttft and ttft[0]["values"]["new"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "line"),
+    [
+        ("failing", "phalanx_node_failed_requests_total 2"),
+        ("tool", "phalanx_node_tool_parse_failures_total 2"),
+        ("slow", "phalanx_node_ttft_p95_seconds 3"),
+        ("ok", "phalanx_node_requests_total 6"),
+    ],
+)
+def test_the_node_exposes_the_bake_counters_under_their_documented_names(
+    fleet, array, kind, line
+):
+    """The names docs/node-protocol.md gives (what an external node must expose too), spelled
+    out here: renaming the shared constant breaks this, not only the docs."""
+    from nodes.agent import metrics
+
+    array.traffic("n1", kind=kind)
+    node = Node.objects.get(node_id="n1")
+    request = httpx.Request(
+        "GET",
+        f"http://{node.address}/metrics",
+        headers={"Authorization": f"Bearer {node_credential('n1')}"},
+    )
+    lines = array.handle(request).text.splitlines()
+    name, value = line.split()
+    found = [x.split()[-1] for x in lines if x.split(" ")[0].split("{")[0] == name]
+    assert [float(v) for v in found] == [pytest.approx(float(value))], lines
+    protocol = (Path(__file__).parents[3] / "docs" / "node-protocol.md").read_text()
+    assert name in protocol
+    assert name in {
+        metrics.REQUESTS_TOTAL,
+        metrics.FAILED_REQUESTS_TOTAL,
+        metrics.TOOL_PARSE_FAILURES_TOTAL,
+        metrics.TTFT_P95_SECONDS,
+    }
