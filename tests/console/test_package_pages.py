@@ -276,8 +276,8 @@ def test_the_list_page_groups_versions_by_family_with_their_figures(login, node)
     make_package("other-model", family="other")
     text = visible_text(login("viewer").get("/packages/"))
     assert "smol Version Status" in text and "other Version Status" in text
-    assert "smol-q8_0:1 approved Q8_0 100.0 MB 2048 80.0%" in text
-    assert "smol-q4_k_m:1 rejected Q4_1 60.0 MB 2048 31.0%" in text
+    assert "smol-q8_0:1 approved Q8_0 100.0 MiB 2048 80.0%" in text
+    assert "smol-q4_k_m:1 rejected Q4_1 60.0 MiB 2048 31.0%" in text
     assert "imported from file /models/smol-q8_0.gguf" in text
     # the conftest's package, served by node-01 (up)
     assert "smollm2-test:1 draft Q4_1 — 2048 not evaluated 1 (1)" in text
