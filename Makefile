@@ -44,6 +44,7 @@ browser:
 test: install browser
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Mutation testing of the pure modules listed in pyproject.toml [tool.mutmut]; prints the score

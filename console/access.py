@@ -26,8 +26,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, JsonResponse
 from ninja.security import HttpBearer, SessionAuth
 
-from console.audit import acting_as, set_actor
-from console.errors import Forbidden
+from console.lib.audit import acting_as, set_actor
+from console.lib.errors import Forbidden
 from console.models import Role, TokenRole
 from inference import services as inference_services
 from inference.errors import AuthError

@@ -22,7 +22,7 @@ from ninja.parser import Parser
 
 from console.access import API_AUTH, token_or_login
 from console.config_file import ConfigError
-from console.errors import ConsoleError
+from console.lib.errors import ConsoleError
 from console.services import invalid_from
 from inference.chat_request import decode_json
 from inference.errors import BadRequest

@@ -13,8 +13,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from console.bare_http import BareASGIHandler, split_by_path  # noqa: E402
-from console.body_limit import BodyLimit  # noqa: E402
+from console.lib.bare_http import BareASGIHandler, split_by_path  # noqa: E402
+from console.lib.body_limit import BodyLimit  # noqa: E402
 from console.websocket import AllowedOriginsValidator  # noqa: E402
 from console.ws_urls import websocket_urlpatterns as console_ws  # noqa: E402
 from inference.ws_urls import websocket_urlpatterns  # noqa: E402

@@ -14,8 +14,8 @@ from django.views.decorators.http import require_POST
 
 from console import access
 from console.access import role_required
-from console.errors import ConsoleError
 from console.forms import CapacityForm, CostModelForm, LoadTestForm, ScenarioForm
+from console.lib.errors import ConsoleError
 from console.models import Role
 from console.views import _form_error, _render
 from inference.api_loadtests import profile_path, run_out

@@ -74,7 +74,7 @@ class UtilizationSample(models.Model):
 
 class AuditEntry(models.Model):
     """One change an operator (or a command) made: who, when, what, and each field's before
-    and after (``console.audit``)."""
+    and after (``console.lib.audit``)."""
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.CharField(max_length=150)

@@ -2,7 +2,7 @@
 routing policy. Each wraps the owning app's service (``nodes.services``, ``inference.services``)
 and sends the live event for what it changed (``console.live``).
 
-Errors: ``console.errors.Invalid`` (names the field), ``NotFound``, ``Conflict``.
+Errors: ``console.lib.errors.Invalid`` (names the field), ``NotFound``, ``Conflict``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from console.audit import audit_record, current_actor, diff
-from console.errors import Conflict, Invalid, NotFound
+from console.lib.audit import audit_record, current_actor, diff
+from console.lib.errors import Conflict, Invalid, NotFound
 from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services

@@ -125,7 +125,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-# Bounded input (docs/control-plane.md): an HTTP body past this is a 413 (console/body_limit.py),
+# Bounded input (docs/control-plane.md): an HTTP body past this is a 413 (console/lib/body_limit.py),
 # a websocket message past that closes the connection with 1009 (manage.py serve).
 MAX_REQUEST_BODY_BYTES = int(os.environ.get("PHALANX_MAX_BODY_BYTES", 8 << 20))
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES

@@ -13,8 +13,8 @@ from django.views.decorators.http import require_POST
 
 from console import access
 from console.access import role_required
-from console.errors import ConsoleError, NotFound
 from console.forms import UpgradeForm
+from console.lib.errors import ConsoleError, NotFound
 from console.models import Role
 from console.views import _form_error, _render
 from inference.api_upgrades import override_reason, upgrade_out

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from console import services
 from console.access import role_required
-from console.errors import ConsoleError
+from console.lib.errors import ConsoleError
 from console.models import Role
 from console.views import _render
 from nodes.devices.inventory import summary

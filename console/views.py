@@ -24,7 +24,6 @@ from django.views.static import serve
 from console import access, selectors, services
 from console.access import role_required
 from console.config_file import ConfigError, apply_config_text, export_config
-from console.errors import ConsoleError
 from console.forms import (
     ApproveForm,
     ConfigForm,
@@ -41,6 +40,7 @@ from console.forms import (
     TokenForm,
     UploadForm,
 )
+from console.lib.errors import ConsoleError
 from console.models import Role
 from console.prometheus import prometheus_text
 from inference import services as inference_services

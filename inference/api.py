@@ -27,7 +27,7 @@ router = Router(tags=["routing"])
 
 
 def _not_found(session_id: str) -> Exception:
-    from console.errors import NotFound
+    from console.lib.errors import NotFound
 
     return NotFound(f"No session {session_id!r} in the routing table.", code="unknown_session")
 

@@ -14,7 +14,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
 from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
-from console.errors import Conflict, Invalid, NotFound
+from console.lib.errors import Conflict, Invalid, NotFound
 from inference.loadtests import services
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun
 from inference.loadtests.report import steps_csv, turns_csv

@@ -16,7 +16,7 @@ from ninja import Field, Router, Schema
 
 from console import selectors, services
 from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
-from console.errors import Invalid, NotFound
+from console.lib.errors import Invalid, NotFound
 from console.models import Role
 from inference.models import ApiToken, ModelPackage, PackageJob, PackagePolicy
 from inference.packages import services as package_services

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db.models.signals import post_delete, post_save
 
-from console.bare_http import db_thread
+from console.lib.bare_http import db_thread
 from inference import model_names, services
 from inference.models import ApiToken, ModelPackage, RoutingPolicy
 from nodes import selectors

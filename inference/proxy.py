@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from console.bare_http import db_thread
+from console.lib.bare_http import db_thread
 from console.prometheus import metric_inc
 from inference import lookups, services
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from console.bare_http import db_thread
+from console.lib.bare_http import db_thread
 from console.prometheus import metric_inc
 from inference.errors import UpstreamError
 from inference.request_breaker import request_breaker, request_fingerprint

@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from console.audit import audit_record, diff
-from console.compiled_sql import CompiledQuery, as_datetime
+from console.lib.audit import audit_record, diff
+from console.lib.compiled_sql import CompiledQuery, as_datetime
 from inference.errors import ArrayFull, AuthError, NoHealthyNode
 from inference.model_names import package_named as package_named
 from inference.model_names import package_resolve as package_resolve

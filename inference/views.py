@@ -11,7 +11,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from console.bare_http import db_thread
+from console.lib.bare_http import db_thread
 from inference import lookups, proxy, selectors, services
 from inference.errors import MethodNotAllowed, ProxyError
 from inference.models import RoutingPolicy

@@ -12,7 +12,7 @@ from ninja import Field, Router, Schema
 
 from console import services
 from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
-from console.errors import Invalid, NotFound
+from console.lib.errors import Invalid, NotFound
 from inference.models import ModelPackage
 from nodes.models import Node
 

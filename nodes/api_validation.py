@@ -13,7 +13,7 @@ from ninja import Field, Router, Schema
 
 from console import services
 from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
-from console.errors import Invalid, NotFound
+from console.lib.errors import Invalid, NotFound
 from nodes.models import Node, ValidationRun
 
 router = Router(tags=["validation"])

@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import Count, OuterRef, Subquery
 from django.utils import timezone
 
-from console.compiled_sql import CompiledQuery, as_datetime, as_json
+from console.lib.compiled_sql import CompiledQuery, as_datetime, as_json
 from inference.model_names import client_name, package_key
 from inference.models import SessionRoute
 from inference.routing import NodeView

@@ -10,9 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from console.audit import audit_record
 from console.config_file.parse import parse_config
 from console.config_file.spec import ApplyReport, ArraySpec, ConfigError, NodeSpec
+from console.lib.audit import audit_record
 from console.live import live_node_changed, live_node_removed
 from console.models import ArrayConfig
 from inference.models import ModelPackage, RoutingPolicy

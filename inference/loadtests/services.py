@@ -1,7 +1,7 @@
 """Load-test services: scenarios, starting and stopping runs, the cost model, capacity plans.
 
 A page, the API or a command calls these; none runs load itself (a run is a job:
-``inference.loadtests.jobs``). Errors (``console.errors``): ``Invalid`` (422, naming the
+``inference.loadtests.jobs``). Errors (``console.lib.errors``): ``Invalid`` (422, naming the
 field), ``NotFound`` (404), ``Conflict`` (409: a built-in scenario edited, a finished run
 stopped). Every change is audited.
 """
@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.audit import audit_record, current_actor
-from console.errors import Conflict, Invalid, NotFound
+from console.lib.audit import audit_record, current_actor
+from console.lib.errors import Conflict, Invalid, NotFound
 from inference.loadtests import analysis, identity
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun
 from inference.loadtests.scenario import (

@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from django.conf import settings
 
-from console.errors import Invalid
+from console.lib.errors import Invalid
 
 _PROC_FD = Path("/proc/self/fd")
 PATH_MAX = 4096  # Linux's limit on a whole path, in bytes

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from console.audit import audit_record
-from console.errors import Conflict, Invalid
+from console.lib.audit import audit_record
+from console.lib.errors import Conflict, Invalid
 from inference.models import ModelPackage
 from inference.packages.store import Stored
 

@@ -1,7 +1,7 @@
 """The package lifecycle: import, derive with a chat template, queue builds and evaluations,
-apply the gate, approve, reject, retire. Every change is audited (``console.audit``).
+apply the gate, approve, reject, retire. Every change is audited (``console.lib.audit``).
 
-Errors (``console.errors``): ``Invalid`` (a field, 422), ``BadFile`` (not a GGUF, 400),
+Errors (``console.lib.errors``): ``Invalid`` (a field, 422), ``BadFile`` (not a GGUF, 400),
 ``NotFound``, ``Conflict`` (a status move that is not allowed, a version that exists, a
 package that may not be deployed: 409).
 """
@@ -22,8 +22,8 @@ from django.db import transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
-from console.audit import audit_record
-from console.errors import Conflict, ConsoleError, Invalid, NotFound
+from console.lib.audit import audit_record
+from console.lib.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.model_names import QUANT_SUFFIX as QUANT_SUFFIX
 from inference.model_names import family_of as family_of
 from inference.models import ModelPackage, PackageJob, PackagePolicy
@@ -538,7 +538,7 @@ def policy_update(*, family: str, changes: dict[str, float]) -> PackagePolicy:
 
 def job_enqueue(*, kind: str, package: ModelPackage | None, params: dict[str, Any]) -> PackageJob:
     """A queued job row; the control loop starts it in its own process."""
-    from console.audit import current_actor
+    from console.lib.audit import current_actor
 
     job = PackageJob.objects.create(
         kind=kind, package=package, params=params, created_by=current_actor()[:150]

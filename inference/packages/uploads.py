@@ -3,7 +3,7 @@
 Why parts: daphne reads a whole request body and queues it to the application before any of
 our code runs, so a single-request upload of a multi-GiB GGUF would sit in the control
 plane's memory, sent by anyone before they are authenticated. A part is an ordinary request
-body, bounded like every other by ``MAX_REQUEST_BODY_BYTES`` (8 MiB; ``console/body_limit.py``),
+body, bounded like every other by ``MAX_REQUEST_BODY_BYTES`` (8 MiB; ``console/lib/body_limit.py``),
 so memory per request stays bounded and each part is authenticated before it is written.
 
 The protocol (``inference/api_packages.py``; the page's upload uses it, as does any client):
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from console.errors import Conflict, ConsoleError, Invalid, NotFound
+from console.lib.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage
 from inference.packages import services
 from inference.packages.services import GGUF_MAGIC, BadFile, Imported

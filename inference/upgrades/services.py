@@ -1,7 +1,7 @@
 """Starting and steering rolling upgrades (``inference.Upgrade``); the control loop drives them
-(``inference.upgrades.driver``). Every action is audited (``console.audit``).
+(``inference.upgrades.driver``). Every action is audited (``console.lib.audit``).
 
-Errors (``console.errors``): ``Invalid`` (a field, 422), ``NotFound``, ``Conflict`` (a package
+Errors (``console.lib.errors``): ``Invalid`` (a field, 422), ``NotFound``, ``Conflict`` (a package
 that may not be deployed, an upgrade of the model already under way, an action the upgrade's
 state does not allow: 409).
 """
@@ -14,8 +14,8 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from console.audit import audit_record, current_actor
-from console.errors import Conflict, Invalid, NotFound
+from console.lib.audit import audit_record, current_actor
+from console.lib.errors import Conflict, Invalid, NotFound
 from inference.models import ModelPackage, SessionRoute, Upgrade, UpgradeEvent
 from inference.routing import Rollout
 from inference.upgrades import plan

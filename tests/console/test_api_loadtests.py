@@ -239,7 +239,7 @@ def test_it_accepts_a_registered_external_node_as_a_target(api, package):
 
 
 def test_a_headless_run_is_refused_while_another_runs(finished):
-    from console.errors import Conflict
+    from console.lib.errors import Conflict
     from inference.loadtests import services
 
     LoadTestRun.objects.filter(pk=finished.pk).update(state="running")

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from console.compiled_sql import CompiledQuery, as_datetime
+from console.lib.compiled_sql import CompiledQuery, as_datetime
 from inference.models import ModelPackage, SessionRoute
 from inference.services import route_read
 from nodes.models import Node

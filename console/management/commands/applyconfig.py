@@ -8,10 +8,10 @@ import sys
 
 from django.core.management.base import CommandError
 
-from console.audit import set_actor
-from console.commands import ArrayCommand
 from console.config_file import ConfigError, apply_config_text
-from console.errors import ConsoleError
+from console.lib.audit import set_actor
+from console.lib.commands import ArrayCommand
+from console.lib.errors import ConsoleError
 
 
 class Command(ArrayCommand):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from console.commands import ArrayCommand
 from console.config_file import export_config
+from console.lib.commands import ArrayCommand
 
 
 class Command(ArrayCommand):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from console.commands import ArrayCommand
+from console.lib.commands import ArrayCommand
 
 
 class Command(ArrayCommand):

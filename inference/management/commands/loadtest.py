@@ -17,9 +17,9 @@ from pathlib import Path
 
 from django.core.management.base import CommandError
 
-from console.audit import acting_as
-from console.commands import ArrayCommand
-from console.errors import ConsoleError
+from console.lib.audit import acting_as
+from console.lib.commands import ArrayCommand
+from console.lib.errors import ConsoleError
 from inference.loadtests import services
 from inference.loadtests.jobs import loadtest_execute
 from inference.loadtests.report import headline

@@ -9,8 +9,8 @@ import threading
 
 from django.core.management.base import CommandError
 
-from console.audit import acting_as
-from console.commands import ArrayCommand
+from console.lib.audit import acting_as
+from console.lib.commands import ArrayCommand
 from inference.loadtests.jobs import loadtest_execute
 from inference.loadtests.models import LoadTestRun
 

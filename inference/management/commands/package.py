@@ -9,9 +9,9 @@ import json
 
 from django.core.management.base import CommandError
 
-from console.audit import acting_as
-from console.commands import ArrayCommand
-from console.errors import ConsoleError
+from console.lib.audit import acting_as
+from console.lib.commands import ArrayCommand
+from console.lib.errors import ConsoleError
 from inference.models import ModelPackage, PackageJob
 from inference.packages import services
 from inference.packages.jobs import job_execute

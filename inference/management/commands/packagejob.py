@@ -8,8 +8,8 @@ import sys
 
 from django.core.management.base import CommandError
 
-from console.audit import acting_as
-from console.commands import ArrayCommand
+from console.lib.audit import acting_as
+from console.lib.commands import ArrayCommand
 from inference.models import PackageJob
 from inference.packages.jobs import job_execute
 

@@ -11,9 +11,9 @@ import time
 
 from django.core.management.base import CommandError
 
-from console.audit import acting_as
-from console.commands import ArrayCommand
-from console.errors import ConsoleError
+from console.lib.audit import acting_as
+from console.lib.commands import ArrayCommand
+from console.lib.errors import ConsoleError
 from inference.api_upgrades import upgrade_out
 from inference.management.commands.package import _package
 from inference.models import Upgrade

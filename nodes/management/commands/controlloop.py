@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from console.commands import ArrayCommand
+from console.lib.commands import ArrayCommand
 from console.utilization import record_sample
 from inference.loadtests.jobs import loadtests_tick
 from inference.packages.jobs import jobs_shutdown, jobs_tick

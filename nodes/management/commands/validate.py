@@ -15,9 +15,9 @@ import sys
 from django.core.management.base import CommandError
 
 from console import services
-from console.audit import acting_as
-from console.commands import ArrayCommand
-from console.errors import ConsoleError
+from console.lib.audit import acting_as
+from console.lib.commands import ArrayCommand
+from console.lib.errors import ConsoleError
 from nodes.api_validation import ValidationRunOut, _run_out
 from nodes.device_validation import validation_wait
 from nodes.models import ValidationRun

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from console.errors import Invalid
+from console.lib.errors import Invalid
 from inference.models import ModelPackage, PackageJob
 from inference.packages import jobs, services, sources
 

@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from console import services as console_services
-from console.errors import Conflict
+from console.lib.errors import Conflict
 from inference.models import ModelPackage
 from inference.packages import services
 from inference.packages.gguf_files import read_facts, write_with_chat_template

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from console.errors import Conflict, Invalid
+from console.lib.errors import Conflict, Invalid
 from console.models import AuditEntry
 from inference.models import ModelPackage, PackageJob
 from inference.packages import jobs, services

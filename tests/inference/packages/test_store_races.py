@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from django.db import connection
 
-from console.errors import Conflict
+from console.lib.errors import Conflict
 from inference.models import ModelPackage, PackageJob
 from inference.packages import jobs, services, uploads
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from console.audit import acting_as
+from console.lib.audit import acting_as
 from inference.models import Upgrade
 from inference.upgrades import driver, services
 from nodes.models import Node

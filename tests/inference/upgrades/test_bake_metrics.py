@@ -175,9 +175,7 @@ def test_a_version_that_does_as_well_bakes_green_on_the_scraped_counters(fleet, 
         ("ok", "phalanx_node_requests_total 6"),
     ],
 )
-def test_the_node_exposes_the_bake_counters_under_their_documented_names(
-    fleet, array, kind, line
-):
+def test_the_node_exposes_the_bake_counters_under_their_documented_names(fleet, array, kind, line):
     """The names docs/node-protocol.md gives (what an external node must expose too), spelled
     out here: renaming the shared constant breaks this, not only the docs."""
     from nodes.agent import metrics

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from console.audit import acting_as
-from console.errors import Conflict, Invalid
+from console.lib.audit import acting_as
+from console.lib.errors import Conflict, Invalid
 from inference.models import ModelPackage, Upgrade
 from inference.upgrades import driver, services
 from nodes.models import Node, NodeEvent
