@@ -41,8 +41,8 @@ from console.forms import (
     UploadForm,
 )
 from console.lib.errors import ConsoleError
+from console.lib.metrics import prometheus_text
 from console.models import Role
-from console.prometheus import prometheus_text
 from inference import services as inference_services
 from inference.models import ModelPackage, PackageJob, SessionRoute
 from inference.packages import services as package_services

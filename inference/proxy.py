@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 
 from console.lib.bare_http import db_thread
-from console.prometheus import metric_inc
+from console.lib.metrics import metric_inc
 from inference import lookups, services
+from inference.control_plane_metrics import PROXY_NODE_REQUEST_ERRORS, PROXY_RETRIES
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
 from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
@@ -323,7 +324,7 @@ async def upstream_open(
         exclude[broke_last_turn] = BROKE_LAST_TURN
     for attempt in range(policy.max_attempts):
         if attempt:
-            metric_inc("phalanx_proxy_retries_total")
+            metric_inc(PROXY_RETRIES)
             await asyncio.sleep(
                 min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
             )
@@ -490,7 +491,7 @@ async def _refused(
         return None
     message = _error_message(response)
     log.warning("%s answered %s to one request: %s", target.node_id, status, message)
-    metric_inc("phalanx_proxy_node_request_errors_total")
+    metric_inc(PROXY_NODE_REQUEST_ERRORS)
     trip = request_breaker.failure(target.node_id, request_fingerprint(payload), message)
     if trip is not None:
         await take_out(target.node_id, trip.describe())

@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 
 from console.lib.bare_http import db_thread
-from console.prometheus import metric_inc
+from console.lib.metrics import metric_inc
+from inference.control_plane_metrics import PROXY_BROKEN_ANSWERS
 from inference.errors import UpstreamError
 from inference.request_breaker import request_breaker, request_fingerprint
 from inference.route_writer import route_writer
@@ -172,7 +173,7 @@ class Upstream:
         count it against the node (a failed probe, and in ``request_breaker``), and send the
         session's next turn elsewhere."""
         log.warning("%s broke an answer: %s %s", self.node_id, reason, detail)
-        metric_inc("phalanx_proxy_broken_answers_total")
+        metric_inc(PROXY_BROKEN_ANSWERS)
         broken_turns.note(self.session_id, self.node_id)
         await self.request_failed(reason)
         await _record_failure(

@@ -8,3 +8,9 @@ class NodesConfig(AppConfig):
     label = "nodes"
     verbose_name = "Nodes"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from console.lib.metrics import register_collector
+        from nodes.control_plane_metrics import node_families
+
+        register_collector(node_families)

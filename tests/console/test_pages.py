@@ -244,6 +244,9 @@ def test_it_serves_prometheus_metrics_with_credentials(node, tokens, login):
     assert 'phalanx_node_up{node="node-01"} 1' in text
     assert 'phalanx_routing_decisions_total{action="moved"} 0' in text
     assert "phalanx_proxy_retries_total 0" in text
+    # bumped by the proxy and exposed too (they were bumped and never shown)
+    assert "phalanx_proxy_node_request_errors_total 0" in text
+    assert "phalanx_proxy_broken_answers_total 0" in text
     assert login("viewer").get("/metrics").status_code == 200
 
 
@@ -286,3 +289,11 @@ def test_the_packages_api_counts_up_as_the_playground_does(api, package):
         )
     [out] = api("viewer", "get", "/packages").json()
     assert (out["nodes"], out["up"]) == (2, 1)
+
+
+def test_a_counter_nobody_registered_cannot_be_bumped():
+    """A counter bumped but never exposed is a silent gap: the registry refuses it."""
+    from console.lib.metrics import metric_inc
+
+    with pytest.raises(KeyError, match="phalanx_no_such_total"):
+        metric_inc("phalanx_no_such_total")
