@@ -4,7 +4,7 @@ Server -> client messages:
 
 - ``{"type": "history", "snapshots": [...]}`` once, right after connecting (the kept minutes);
 - ``{"type": "snapshot", "snapshot": {...}}`` every second (shape in ``console.utilization``);
-- ``{"type": "node", "node": {...}, "event": {...}?}`` when a node changed (``console.live``);
+- ``{"type": "node", "node": {...}, "event": {...}?}`` when a node changed (``nodes.live``);
 - ``{"type": "node_removed", "node_id": ...}``.
 
 Auth: a logged-in user with a role, or an API token (``?token=`` or ``Authorization: Bearer``);
@@ -22,7 +22,7 @@ from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console import access, utilization
-from console.live import LIVE_GROUP
+from console.lib.live import LIVE_GROUP
 from inference.services import bearer_token
 
 CLOSE_UNAUTHORIZED = 4401

@@ -1,6 +1,6 @@
 """What the console and the admin API change: nodes, drains, tokens with roles, packages, the
 routing policy. Each wraps the owning app's service (``nodes.services``, ``inference.services``)
-and sends the live event for what it changed (``console.live``).
+and sends the live event for what it changed (``nodes.live``).
 
 Errors: ``console.lib.errors.Invalid`` (names the field), ``NotFound``, ``Conflict``.
 """
@@ -14,13 +14,13 @@ from django.db import transaction
 
 from console.lib.audit import audit_record, current_actor, diff
 from console.lib.errors import Conflict, Invalid, NotFound
-from console.live import live_node_changed, live_node_removed
 from console.models import Role, TokenRole
 from inference import services as inference_services
 from inference.models import ApiToken, ModelPackage
 from inference.packages import services as package_services
 from nodes import device_validation
 from nodes import services as node_services
+from nodes.live import live_node_changed, live_node_removed
 from nodes.models import Node, NodeEvent, ValidationRun
 
 NODE_FIELDS = (

@@ -20,7 +20,7 @@ Snapshot shape (units: percent, bytes, tokens, tokens/s, seconds since the epoch
                "prefill_tps": 310.0, "decode_tps": 41.0, "active": 1, "idle": 2, "host": 0,
                "total": 8, "kv_used": 512, "kv_capacity": 16384, "kv_pct": 3.1, "queue": 0,
                "requests": 12, "generated": 800}},
-     "events": [<console.live.event_payload>, ...]}
+     "events": [<nodes.live.event_payload>, ...]}
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ from django.db import close_old_connections
 from django.db.models import Count
 from django.utils import timezone
 
-from console.live import LIVE_GROUP, event_payload
+from console.lib.live import LIVE_GROUP
 from console.models import UtilizationSample
 from nodes import client as node_client
+from nodes.live import event_payload
 from nodes.metrics import parse_prometheus
 from nodes.models import Node, NodeEvent
 from nodes.selectors import nodes_status

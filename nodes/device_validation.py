@@ -24,7 +24,6 @@ import httpx
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from console.live import live_node_changed
 from nodes import client as node_client
 from nodes.devices.inventory import diff
 from nodes.devices.matrix import (
@@ -36,6 +35,7 @@ from nodes.devices.matrix import (
     overall,
     pool_rules,
 )
+from nodes.live import live_node_changed
 from nodes.models import Node, NodeEvent, ValidationRun
 from nodes.validation_machines import Placement, may_start
 from nodes.validation_pool import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from console.live import live_node_changed
 from nodes.client import ProbeResult
+from nodes.live import live_node_changed
 from nodes.models import Node, NodeEvent
 
 CONTROL_LOOP, PROXY, UP = "control loop", "proxy", "up"

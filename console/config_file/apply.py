@@ -13,10 +13,10 @@ from django.utils.text import slugify
 from console.config_file.parse import parse_config
 from console.config_file.spec import ApplyReport, ArraySpec, ConfigError, NodeSpec
 from console.lib.audit import audit_record
-from console.live import live_node_changed, live_node_removed
 from console.models import ArrayConfig
 from inference.models import ModelPackage, RoutingPolicy
 from nodes import services as node_services
+from nodes.live import live_node_changed, live_node_removed
 from nodes.models import Node
 
 

@@ -18,7 +18,7 @@ from django.test import override_settings
 
 from console import services, utilization
 from console.asgi import application
-from console.live import LIVE_GROUP
+from console.lib.live import LIVE_GROUP
 from console.models import Role
 from inference.models import ModelPackage
 from nodes.models import Node

@@ -1,8 +1,6 @@
-"""Live events to every open console page, over the channel layer.
-
-One group, ``phalanx.live``, joined by every ``/ws/live/`` socket (``console.consumers``). In the
-embedded default the layer is in-memory (one process); with ``REDIS_URL`` it is channels-redis,
-so a change made in any process reaches browsers connected to any other.
+"""What open console pages are told when a node changes: its row (``node_payload``) and the
+event it caused (``event_payload``), sent to every ``/ws/live/`` socket through the plumbing's
+live group (``console.lib.live``).
 
 Call ``live_node_changed(node_id=..., event=...)`` from any sync code that changed a node (the
 node services do); ``live_node_removed`` when one is deleted. Both never raise: a failed
@@ -13,19 +11,13 @@ the utilization sampler sends each node's state and new events with every snapsh
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 
+from console.lib.live import live_send
 from nodes.models import Node, NodeEvent
 from nodes.selectors import nodes_status
-
-log = logging.getLogger(__name__)
-
-LIVE_GROUP = "phalanx.live"
 
 
 def node_payload(node: Node) -> dict[str, Any]:
@@ -66,16 +58,6 @@ def event_payload(event: NodeEvent) -> dict[str, Any]:
     }
 
 
-def _send(message: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(LIVE_GROUP, message)
-    except Exception:  # a broadcast must never undo or fail the change it reports
-        log.warning("live broadcast %s failed", message.get("type"), exc_info=True)
-
-
 def live_node_changed(*, node_id: str, event: NodeEvent | None = None) -> None:
     """Tell every open page that node ``node_id`` changed (state, address, weight ...), with the
     event it caused if any. Sync; inside a transaction it waits for the commit (it reads the
@@ -93,9 +75,9 @@ def _node_changed(node_id: str, event_id: int | None) -> None:
     event = NodeEvent.objects.select_related("node").filter(pk=event_id).first()
     if event is not None:
         message["event"] = event_payload(event)
-    _send(message)
+    live_send(message)
 
 
 def live_node_removed(*, node_id: str) -> None:
     """Tell every open page that node ``node_id`` is gone from the inventory (after commit)."""
-    transaction.on_commit(lambda: _send({"type": "node.removed", "node_id": node_id}))
+    transaction.on_commit(lambda: live_send({"type": "node.removed", "node_id": node_id}))
