@@ -1,7 +1,7 @@
 """The project's one NinjaAPI (``/api/``, OpenAPI docs at ``/api/docs``).
 
 Each app adds its own ``Router`` from its ``api.py``; domain errors are mapped to HTTP here.
-Authentication and roles live in ``console/access.py``: every operation needs a Bearer token or
+Authentication and roles live in ``console/lib/access.py``: every operation needs a Bearer token or
 a logged-in user (CSRF-checked), with the role its ``auth=`` names (``NEEDS_VIEWER`` ...),
 checked before the body is validated. The OpenAPI schema and docs take a token or a login.
 
@@ -20,8 +20,8 @@ from ninja.errors import AuthenticationError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 
-from console.access import API_AUTH, token_or_login
 from console.config_file import ConfigError
+from console.lib.access import API_AUTH, token_or_login
 from console.lib.errors import ConsoleError
 from console.services import invalid_from
 from inference.chat_request import decode_json

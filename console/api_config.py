@@ -11,8 +11,8 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
 from console import selectors, utilization
-from console.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.config_file import ApplyReport, ConfigError, apply_config_text, export_config
+from console.lib.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.lib.errors import Invalid
 from inference.chat_request import decode_json
 from inference.errors import BadRequest

@@ -21,7 +21,8 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from console import access, utilization
+from console import utilization
+from console.lib import access
 from console.lib.live import LIVE_GROUP
 from inference.services import bearer_token
 

@@ -9,7 +9,7 @@ from django.db import models
 
 class Role(models.TextChoices):
     """Who may do what: admin (everything), operator (drain, upgrade, load test, edit policy),
-    viewer (read only). Ordered by power: see ``console.access.ROLE_RANK``."""
+    viewer (read only). Ordered by power: see ``console.lib.access.ROLE_RANK``."""
 
     ADMIN = "admin", "Admin"
     OPERATOR = "operator", "Operator"

@@ -11,9 +11,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from console import access
-from console.access import role_required
 from console.forms import UpgradeForm
+from console.lib import access
+from console.lib.access import role_required
 from console.lib.errors import ConsoleError, NotFound
 from console.models import Role
 from console.views import _form_error, _render

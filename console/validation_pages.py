@@ -14,7 +14,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from console import services
-from console.access import role_required
+from console.lib.access import role_required
 from console.lib.errors import ConsoleError
 from console.models import Role
 from console.views import _render

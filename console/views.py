@@ -21,8 +21,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django.views.static import serve
 
-from console import access, selectors, services
-from console.access import role_required
+from console import selectors, services
 from console.config_file import ConfigError, apply_config_text, export_config
 from console.forms import (
     ApproveForm,
@@ -40,6 +39,8 @@ from console.forms import (
     TokenForm,
     UploadForm,
 )
+from console.lib import access
+from console.lib.access import role_required
 from console.lib.errors import ConsoleError
 from console.lib.metrics import prometheus_text
 from console.models import Role

@@ -8,7 +8,7 @@
 - ``GET /api/routing/policy``, ``PUT /api/routing/policy``: read and change the policy; ``PUT``
   takes any subset of the fields and applies on the next request and tick (no restart).
 
-Authentication and roles are each operation's ``auth`` (``console.access.NEEDS_*``): a Bearer
+Authentication and roles are each operation's ``auth`` (``console.lib.access.NEEDS_*``): a Bearer
 token or a logged-in user, with the role checked before the body is.
 """
 
@@ -19,7 +19,7 @@ from datetime import datetime
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
-from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
+from console.lib.access import NEEDS_OPERATOR, NEEDS_VIEWER
 from inference import selectors, services
 from inference.models import RoutingPolicy, SessionRoute
 

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.http import FileResponse, HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
-from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
+from console.lib.access import NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import Conflict, Invalid, NotFound
 from inference.loadtests import services
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun

@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from console import selectors, services
-from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
+from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import Invalid, NotFound
 from console.models import Role
 from inference.models import ApiToken, ModelPackage, PackageJob, PackagePolicy

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 from pydantic import StrictInt
 
-from console.access import NEEDS_OPERATOR, NEEDS_VIEWER
+from console.lib.access import NEEDS_OPERATOR, NEEDS_VIEWER
 from inference.models import ModelPackage, Upgrade
 from inference.upgrades import services
 

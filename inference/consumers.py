@@ -43,7 +43,7 @@ def _authenticate(scope: dict[str, Any]) -> str:
     page), else the API token of ``?token=`` or ``Authorization`` (``AuthError``)."""
     user = scope.get("user")
     if user is not None and getattr(user, "is_authenticated", False):
-        from console.access import role_of_user
+        from console.lib.access import role_of_user
 
         if role_of_user(user) is None:
             raise NoRole("Your account has no role; an admin must give it one.")

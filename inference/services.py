@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.lib.access import TokenMatch
 from console.lib.audit import audit_record, diff
 from console.lib.compiled_sql import CompiledQuery, as_datetime
 from inference.errors import ArrayFull, AuthError, NoHealthyNode
@@ -85,6 +86,21 @@ def token_authenticate(*, raw: str | None) -> str:
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.name
+
+
+def token_match(raw: str | None) -> TokenMatch | None:
+    """Whose token ``raw`` is, for the console's access control (``console.lib.access``
+    registers this in ``InferenceConfig.ready``): the environment's ``$PHALANX_API_TOKEN``
+    (``token_id`` None) or a token row; None when missing, unknown or revoked."""
+    try:
+        name = token_authenticate(raw=raw)
+    except AuthError:
+        return None
+    env = os.environ.get(ENV_TOKEN)
+    if name == "env" and env and raw and hmac.compare_digest(raw.encode(), env.encode()):
+        return TokenMatch(name="env", token_id=None)
+    token = ApiToken.objects.filter(token_hash=_hash(raw or "")).first()
+    return TokenMatch(name=token.name, token_id=token.pk) if token else None
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """Admin API for the node inventory (``/api/nodes``): list, register, change, remove, drain,
 undrain and the event log. Reads need the viewer role, drain/undrain operator, the rest admin
-(``console.access``). Errors: ``{"detail", "code", "field"}`` with 401/403/404/409/422."""
+(``console.lib.access``). Errors: ``{"detail", "code", "field"}`` with 401/403/404/409/422."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from console import services
-from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
+from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import Invalid, NotFound
 from inference.models import ModelPackage
 from nodes.models import Node

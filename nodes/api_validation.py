@@ -1,6 +1,6 @@
 """Admin API for device validation (``/api/nodes/{id}/validations``, ``/api/validations/{id}``):
 validate a node now, list its runs, show one run with its report, waive validation. Reads need
-the viewer role, "validate now" operator, waiving admin (``console.access``). See
+the viewer role, "validate now" operator, waiving admin (``console.lib.access``). See
 docs/validation.md."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
 from console import services
-from console.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
+from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import Invalid, NotFound
 from nodes.models import Node, ValidationRun
 

@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from console.access import Role
+from console.lib.access import Role
 from console.services import token_issue
 from inference import services as inference_services
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model

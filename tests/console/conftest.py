@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from console.access import user_set_role
+from console.lib.access import user_set_role
 from console.models import Role
 from console.services import token_issue
 from inference.models import ModelPackage
@@ -109,7 +109,7 @@ BROWSER_PASSWORD = "browser-test-pw"  # every browser test's users log in with i
 # ``manage.py shell`` code that makes the users browser tests log in as (admin, operator, viewer)
 BROWSER_USERS_SETUP = f"""
 from django.contrib.auth import get_user_model
-from console.access import user_set_role
+from console.lib.access import user_set_role
 from console.models import Role
 users = get_user_model()
 users.objects.create_superuser("admin", password={BROWSER_PASSWORD!r})

@@ -61,7 +61,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 SETUP = f"""
 from django.contrib.auth import get_user_model
-from console.access import user_set_role
+from console.lib.access import user_set_role
 from console.models import Role
 users = get_user_model()
 users.objects.create_superuser("admin", password="{PASSWORD}")

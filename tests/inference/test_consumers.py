@@ -223,7 +223,7 @@ def _login_cookie(role) -> list[tuple[bytes, bytes]]:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from console.access import user_set_role
+    from console.lib.access import user_set_role
 
     name = role.value if role else "nobody"
     user = get_user_model().objects.create_user(username=f"ws-{name}", password="pw")

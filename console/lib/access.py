@@ -13,8 +13,6 @@ What each role may do (each includes the ones below it):
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
@@ -29,9 +27,6 @@ from ninja.security import HttpBearer, SessionAuth
 from console.lib.audit import acting_as, set_actor
 from console.lib.errors import Forbidden
 from console.models import Role, TokenRole
-from inference import services as inference_services
-from inference.errors import AuthError
-from inference.models import ApiToken
 
 ROLE_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 DEFAULT_TOKEN_ROLE = Role.OPERATOR
@@ -71,21 +66,37 @@ def principal_for_user(user: Any) -> Principal | None:
     return Principal(name=user.get_username(), role=role_of_user(user), user_id=user.pk)
 
 
+@dataclass(frozen=True)
+class TokenMatch:
+    """What the tokens feature found for a Bearer token: the token's ``name`` and row id
+    (``token_id``), or ``token_id`` None for the environment's own ``$PHALANX_API_TOKEN``."""
+
+    name: str
+    token_id: int | None
+
+
+TokenResolver = Callable[[str | None], TokenMatch | None]
+_token_resolvers: list[TokenResolver] = []
+
+
+def register_token_resolver(resolver: TokenResolver) -> None:
+    """Let ``resolver`` (raw token -> ``TokenMatch``, or None when missing, unknown or revoked)
+    say whose a Bearer token is; the tokens feature registers its own in ``AppConfig.ready()``
+    (the plumbing imports no app), the way ``AUTHENTICATION_BACKENDS`` work. The first that
+    knows the token answers."""
+    if resolver not in _token_resolvers:
+        _token_resolvers.append(resolver)
+
+
 def principal_for_token(raw: str | None) -> Principal | None:
     """The principal of a Bearer token, or None when missing, unknown or revoked."""
-    try:
-        name = inference_services.token_authenticate(raw=raw)
-    except AuthError:
+    found = next((m for m in (r(raw) for r in _token_resolvers) if m is not None), None)
+    if found is None:
         return None
-    env = os.environ.get(inference_services.ENV_TOKEN)
-    if name == "env" and env and raw == env:
+    if found.token_id is None:
         return Principal(name="token:env", role=Role.ADMIN)
-    digest = hashlib.sha256((raw or "").encode()).hexdigest()
-    token = ApiToken.objects.filter(token_hash=digest).first()
-    if token is None:
-        return None
-    row = TokenRole.objects.filter(token=token).first()
-    return Principal(name=f"token:{token.name}", role=Role(row.role) if row else DEFAULT_TOKEN_ROLE)
+    row = TokenRole.objects.filter(token_id=found.token_id).first()
+    return Principal(name=f"token:{found.name}", role=Role(row.role) if row else DEFAULT_TOKEN_ROLE)
 
 
 def user_set_role(*, user: Any, role: Role | None) -> None:
