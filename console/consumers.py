@@ -24,7 +24,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from console import utilization
 from console.lib import access
 from console.lib.live import LIVE_GROUP
-from inference.services import bearer_token
+from inference.tokens import bearer_token
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403

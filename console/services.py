@@ -14,9 +14,7 @@ from django.db import transaction
 
 from console.lib.audit import audit_record, current_actor, diff
 from console.lib.errors import Conflict, Invalid, NotFound
-from console.models import Role, TokenRole
-from inference import services as inference_services
-from inference.models import ApiToken, ModelPackage
+from inference.models import ModelPackage
 from inference.packages import services as package_services
 from nodes import device_validation
 from nodes import services as node_services
@@ -217,41 +215,6 @@ def node_waive_validation(*, node_id: str, reason: str) -> Node:
         changes=diff({"validation": before}, {"validation": node.validation}) + [reason[:200]],
     )
     return node
-
-
-# --- tokens ---------------------------------------------------------------------------------
-
-
-@transaction.atomic
-def token_issue(*, name: str, role: Role, created_by_id: int | None = None) -> tuple[ApiToken, str]:
-    """Mint an API token acting with ``role``; returns ``(token, plaintext)``. Show the
-    plaintext once: only its hash is stored. Raises ``Invalid`` for an empty name."""
-    name = name.strip()
-    if not name:
-        raise Invalid("name: give the token a name.", field="name")
-    if len(name) > 100:
-        raise Invalid("name: at most 100 characters.", field="name")
-    token, plaintext = inference_services.token_create(name=name, created_by_id=created_by_id)
-    TokenRole.objects.create(token=token, role=role)
-    audit_record(action="token.create", target=f"token:{name}", changes=[f"role: {role.value}"])
-    return token, plaintext
-
-
-def token_withdraw(*, token_id: int) -> ApiToken:
-    """Revoke a token (it stops working at once). Raises ``NotFound``."""
-    token = ApiToken.objects.filter(pk=token_id).first()
-    if token is None:
-        raise NotFound(f"No token {token_id}.", code="token_not_found")
-    inference_services.token_revoke(token_id=token_id)
-    token.refresh_from_db()
-    audit_record(action="token.revoke", target=f"token:{token.name}")
-    return token
-
-
-def token_role(token: ApiToken) -> Role:
-    """The role a token acts with (``operator`` when it has no role row)."""
-    row = TokenRole.objects.filter(token=token).first()
-    return Role(row.role) if row else Role.OPERATOR
 
 
 # --- packages -------------------------------------------------------------------------------

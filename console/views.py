@@ -45,6 +45,7 @@ from console.lib.errors import ConsoleError
 from console.lib.metrics import prometheus_text
 from console.models import Role
 from inference import services as inference_services
+from inference import tokens as token_services
 from inference.models import ModelPackage, PackageJob, SessionRoute
 from inference.packages import services as package_services
 from nodes.models import Node
@@ -131,7 +132,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 
 def _bearer(request: HttpRequest) -> str | None:
-    from inference.services import bearer_token
+    from inference.tokens import bearer_token
 
     return bearer_token(request.headers.get("Authorization"))
 
@@ -544,7 +545,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     plaintext = None
     if request.method == "POST" and form.is_valid():
         try:
-            _, plaintext = services.token_issue(
+            _, plaintext = token_services.token_issue(
                 name=form.cleaned_data["name"],
                 role=Role(form.cleaned_data["role"]),
                 created_by_id=request.user.pk,
@@ -569,7 +570,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
 @role_required(Role.ADMIN)
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     try:
-        token = services.token_withdraw(token_id=token_id)
+        token = token_services.token_withdraw(token_id=token_id)
     except ConsoleError as exc:
         _flash_error(request, exc)
     else:

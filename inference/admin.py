@@ -65,5 +65,5 @@ class ApiTokenAdmin(ReadOnlyAdmin):
     fields = ("name", "revoked", "prefix", "token_hash", "created_by", "created_at", "last_used_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        # Tokens are minted by ``inference.services.token_create`` so the plaintext is shown once.
+        # Tokens are minted by ``inference.tokens.token_create`` so the plaintext is shown once.
         return False

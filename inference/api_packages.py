@@ -18,6 +18,7 @@ from console import selectors, services
 from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import Invalid, NotFound
 from console.models import Role
+from inference import tokens
 from inference.models import ApiToken, ModelPackage, PackageJob, PackagePolicy
 from inference.packages import services as package_services
 from inference.selectors import node_takes_traffic
@@ -573,7 +574,7 @@ def _token_out(token: ApiToken) -> dict:
         "id": token.pk,
         "name": token.name,
         "prefix": token.prefix,
-        "role": services.token_role(token).value,
+        "role": tokens.token_role(token).value,
         "revoked": token.revoked,
         "created_at": token.created_at,
         "last_used_at": token.last_used_at,
@@ -597,7 +598,7 @@ def tokens_list(request: HttpRequest) -> list[dict]:
 )
 def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
     principal = request.auth
-    token, plaintext = services.token_issue(
+    token, plaintext = tokens.token_issue(
         name=payload.name, role=payload.role, created_by_id=principal.user_id
     )
     return 201, {**_token_out(token), "token": plaintext}
@@ -613,4 +614,4 @@ def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
 def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
     if token_id < 1:
         raise Invalid("token_id: must be positive.", field="token_id")
-    return _token_out(services.token_withdraw(token_id=token_id))
+    return _token_out(tokens.token_withdraw(token_id=token_id))

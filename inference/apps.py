@@ -14,7 +14,7 @@ class InferenceConfig(AppConfig):
         from console.lib.metrics import register_collector, register_counter
         from inference import control_plane_metrics as metrics
         from inference import lookups  # noqa: F401  (connects its cache-clearing signals)
-        from inference.services import token_match
+        from inference.tokens import token_match
 
         register_token_resolver(token_match)
         register_collector(metrics.routing_families)

@@ -26,7 +26,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from inference import lookups, proxy, selectors, services
+from inference import lookups, proxy, selectors, services, tokens
 from inference.chat_request import decode_json
 from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, ProxyError
 from inference.relay import Upstream, sse_events
@@ -56,7 +56,7 @@ def _authenticate(scope: dict[str, Any]) -> str:
         headers = {
             k.decode("latin1").lower(): v.decode("latin1") for k, v in scope.get("headers", [])
         }
-        token = services.bearer_token(headers.get("authorization"))
+        token = tokens.bearer_token(headers.get("authorization"))
     return lookups.caller_for_token(token)
 
 

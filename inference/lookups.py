@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from django.db.models.signals import post_delete, post_save
 
 from console.lib.bare_http import db_thread
-from inference import model_names, services
+from inference import model_names, tokens
 from inference.models import ApiToken, ModelPackage, RoutingPolicy
 from nodes import selectors
 from nodes.selectors import PinnedCounts
@@ -64,7 +64,7 @@ def clear(*_args: Any, **_kwargs: Any) -> None:
 def _token(raw: str) -> tuple[str, str, Callable[[], str]]:
     """Cache kind, key (the token's hash) and loader of a token lookup."""
     key = hashlib.sha256(raw.encode()).hexdigest()
-    return "token", key, lambda: services.token_authenticate(raw=raw)
+    return "token", key, lambda: tokens.token_authenticate(raw=raw)
 
 
 def _model_lookup(model: str) -> tuple[str, str, Callable[[], str]]:
@@ -72,14 +72,14 @@ def _model_lookup(model: str) -> tuple[str, str, Callable[[], str]]:
 
 
 def caller_for_token(raw: str | None) -> str:
-    """``services.token_authenticate``, cached by the token's hash (a missing token raises
+    """``tokens.token_authenticate``, cached by the token's hash (a missing token raises
     ``AuthError`` without a lookup)."""
-    return _cached(*_token(raw)) if raw else services.token_authenticate(raw=raw)
+    return _cached(*_token(raw)) if raw else tokens.token_authenticate(raw=raw)
 
 
 async def acaller_for_token(raw: str | None) -> str:
     """``caller_for_token`` for async callers."""
-    return await _acached(*_token(raw)) if raw else services.token_authenticate(raw=raw)
+    return await _acached(*_token(raw)) if raw else tokens.token_authenticate(raw=raw)
 
 
 def model_for_request(model: str) -> str:

@@ -1,14 +1,11 @@
-"""Packages, API tokens and the session routing table: everything that writes them.
+"""The session routing table and the routing policy: everything that writes them, and the
+transcripts of sessions. (API tokens: ``inference.tokens``; packages: ``inference.packages``.)
 
 Functions are synchronous (ORM); async edges call them through ``sync_to_async``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,13 +15,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from console.lib.access import TokenMatch
 from console.lib.audit import audit_record, diff
 from console.lib.compiled_sql import CompiledQuery, as_datetime
-from inference.errors import ArrayFull, AuthError, NoHealthyNode
+from inference.errors import ArrayFull, NoHealthyNode
 from inference.model_names import package_named as package_named
 from inference.model_names import package_resolve as package_resolve
-from inference.models import ApiToken, RouteDecision, RoutingPolicy, SessionRoute
+from inference.models import RouteDecision, RoutingPolicy, SessionRoute
 from inference.routing import (
     Decision,
     Limits,
@@ -39,79 +35,6 @@ from inference.routing import (
 from nodes import client as node_client
 from nodes.models import Node
 from nodes.selectors import NodeTable, nodes_for_routing
-
-ENV_TOKEN = "PHALANX_API_TOKEN"
-TOKEN_PREFIX = "phx_"
-
-
-# --- API tokens -----------------------------------------------------------------------------
-
-
-def _hash(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
-
-
-def token_create(*, name: str, created_by_id: int | None = None) -> tuple[ApiToken, str]:
-    """Mint an API token; returns ``(token, plaintext)``. Only the hash is stored: show it once."""
-    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(
-        name=name, token_hash=_hash(plaintext), prefix=plaintext[:10], created_by_id=created_by_id
-    )
-    return token, plaintext
-
-
-def token_revoke(*, token_id: int) -> None:
-    """Revoke a token; it stops working on this process's next request (``inference.lookups``
-    caches tokens: other processes refuse it within ``lookups.TTL_S``)."""
-    token = ApiToken.objects.filter(pk=token_id).first()
-    if token is not None and not token.revoked:
-        token.revoked = True
-        token.save(update_fields=["revoked"])  # post_save clears the lookups cache
-
-
-def token_authenticate(*, raw: str | None) -> str:
-    """Check a Bearer token; returns a name for the caller (the token's name, or ``env`` for
-    ``$PHALANX_API_TOKEN``). Raises ``AuthError`` when missing, unknown or revoked."""
-    if not raw:
-        raise AuthError(
-            "Missing API token: send 'Authorization: Bearer <token>'.", code="missing_api_key"
-        )
-    env_token = os.environ.get(ENV_TOKEN)
-    if env_token and hmac.compare_digest(raw.encode(), env_token.encode()):
-        return "env"
-    token = ApiToken.objects.filter(token_hash=_hash(raw)).first()
-    if token is None or token.revoked:
-        raise AuthError("Invalid API token." if token is None else "This API token was revoked.")
-    now = timezone.now()
-    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.name
-
-
-def token_match(raw: str | None) -> TokenMatch | None:
-    """Whose token ``raw`` is, for the console's access control (``console.lib.access``
-    registers this in ``InferenceConfig.ready``): the environment's ``$PHALANX_API_TOKEN``
-    (``token_id`` None) or a token row; None when missing, unknown or revoked."""
-    try:
-        name = token_authenticate(raw=raw)
-    except AuthError:
-        return None
-    env = os.environ.get(ENV_TOKEN)
-    if name == "env" and env and raw and hmac.compare_digest(raw.encode(), env.encode()):
-        return TokenMatch(name="env", token_id=None)
-    token = ApiToken.objects.filter(token_hash=_hash(raw or "")).first()
-    return TokenMatch(name=token.name, token_id=token.pk) if token else None
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header value, or None."""
-    if not authorization:
-        return None
-    scheme, _, value = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return value.strip() or None
-
 
 # --- routing table --------------------------------------------------------------------------
 

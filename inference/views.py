@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from console.lib.bare_http import db_thread
-from inference import lookups, proxy, selectors, services
+from inference import lookups, proxy, selectors, tokens
 from inference.errors import MethodNotAllowed, ProxyError
 from inference.models import RoutingPolicy
 from inference.relay import sse_passthrough
@@ -32,7 +32,7 @@ def error_response(exc: ProxyError) -> JsonResponse:
 
 async def _authenticate(request: HttpRequest) -> str:
     return await lookups.acaller_for_token(
-        services.bearer_token(request.headers.get("Authorization"))
+        tokens.bearer_token(request.headers.get("Authorization"))
     )
 
 

@@ -23,11 +23,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.lib.access import Role
-from console.services import token_issue
-from inference import services as inference_services
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.models import ModelPackage
 from inference.packages.services import package_import_file
+from inference.tokens import ENV_TOKEN, token_issue
 from nodes.agent.auth import ENV_CREDENTIAL
 from nodes.credentials import array_id, node_credential
 from nodes.models import Node
@@ -126,7 +125,7 @@ def array_bootstrap(
         ]
         password = _ensure_admin_user()
         token = None
-        if mint_token and not os.environ.get(inference_services.ENV_TOKEN):
+        if mint_token and not os.environ.get(ENV_TOKEN):
             token = token_issue(
                 name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}", role=Role.ADMIN
             )[1]

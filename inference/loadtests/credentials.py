@@ -25,7 +25,7 @@ def run_token_mint(run_id: int, *, rows) -> str:
     attempt's queryset of the row (``jobs.Claim.rows()``). Returns the plaintext. Raises
     ``ClaimLost`` (and creates nothing) when ``rows`` no longer matches."""
     from console.models import Role
-    from console.services import token_issue
+    from inference.tokens import token_issue
 
     with transaction.atomic():
         held = rows.select_for_update().values_list("minted_tokens", flat=True).first()
@@ -41,7 +41,7 @@ def run_tokens_revoke(run_id: int) -> int:
     """Revoke every token minted for run ``run_id`` (idempotent); returns how many were still
     valid. Other processes refuse a revoked token within ``inference.lookups.TTL_S``."""
     from inference.models import ApiToken
-    from inference.services import token_revoke
+    from inference.tokens import token_revoke
 
     ids = LoadTestRun.objects.filter(pk=run_id).values_list("minted_tokens", flat=True).first()
     live = list(

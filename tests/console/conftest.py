@@ -10,8 +10,8 @@ from django.test import Client
 
 from console.lib.access import user_set_role
 from console.models import Role
-from console.services import token_issue
 from inference.models import ModelPackage
+from inference.tokens import token_issue
 from nodes.models import Node
 
 PASSWORD = "pw-for-tests"

@@ -20,6 +20,7 @@ from console import services, utilization
 from console.asgi import application
 from console.lib.live import LIVE_GROUP
 from console.models import Role
+from inference import tokens
 from inference.models import ModelPackage
 from nodes.models import Node
 from tests.fakenode import FakeNode
@@ -50,7 +51,7 @@ def fake(transactional_db):
 
 @pytest.fixture
 def token(transactional_db) -> str:
-    return services.token_issue(name="live", role=Role.VIEWER)[1]
+    return tokens.token_issue(name="live", role=Role.VIEWER)[1]
 
 
 async def _next(communicator: WebsocketCommunicator, kind: str, limit: int = 20) -> dict:

@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from inference.models import ModelPackage, RoutingPolicy
-from inference.services import token_create
+from inference.tokens import token_create
 from nodes.control import ControlLoop
 from nodes.models import Node
 from tests.fakenode import FakeNode

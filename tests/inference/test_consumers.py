@@ -171,7 +171,7 @@ async def test_it_cancels_the_upstream_when_the_client_disconnects(fakes, token)
 
 async def test_it_stops_an_open_connection_whose_token_was_revoked(fakes, token):
     from inference.models import ApiToken
-    from inference.services import token_revoke
+    from inference.tokens import token_revoke
 
     comm = connect("revoked", headers=[(b"authorization", f"Bearer {token}".encode())])
     assert (await comm.connect(timeout=10))[0]

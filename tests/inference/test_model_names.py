@@ -17,7 +17,7 @@ from console.asgi import application
 from inference import lookups
 from inference.model_names import client_name, family_of
 from inference.models import ModelPackage, RoutingPolicy
-from inference.services import token_create
+from inference.tokens import token_create
 from nodes.control import ControlLoop
 from nodes.models import Node
 from tests.inference.conftest import PACKAGE, address

@@ -355,7 +355,7 @@ async def test_a_burst_of_new_sessions_spreads_before_any_route_is_written(fakes
 
 
 async def test_a_revoked_token_stops_working_at_the_next_request(fakes, token, auth):
-    from inference.services import token_revoke
+    from inference.tokens import token_revoke
 
     assert (await post(AsyncClient(), body(), auth)).status_code == 200
     token_id = await ApiToken.objects.values_list("pk", flat=True).aget()

@@ -14,7 +14,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from inference.models import ModelPackage, RoutingPolicy
-from inference.services import token_create
+from inference.tokens import token_create
 from nodes import device_validation as dv
 from nodes.control import ControlLoop
 from nodes.models import Node, ValidationRun

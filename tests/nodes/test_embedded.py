@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from inference.models import ApiToken, ModelPackage
-from inference.services import token_authenticate
+from inference.tokens import token_authenticate
 from nodes import embedded
 from nodes.models import Node
 

@@ -149,7 +149,7 @@ def control_plane_at_home(home: Path, *, setup: str = "") -> tuple[Proc, str, di
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
     issue = (
-        "from console.models import Role\nfrom console.services import token_issue\n"
+        "from console.models import Role\nfrom inference.tokens import token_issue\n"
         'print(token_issue(name="tests", role=Role.ADMIN)[1])'
     )
     shell = subprocess.run(

@@ -7,7 +7,7 @@ import os
 from django.core.management.base import CommandError
 
 from console.lib.commands import ArrayCommand
-from inference.services import ENV_TOKEN
+from inference.tokens import ENV_TOKEN
 from nodes.embedded import ADMIN_USER, NODE_BASE_PORT, BootstrapResult, array_bootstrap
 
 

@@ -108,7 +108,7 @@ async def test_the_live_socket_sends_samples_then_the_end():
 
     from console.asgi import application
     from console.models import Role
-    from console.services import token_issue
+    from inference.tokens import token_issue
 
     _, token = await sync_to_async(token_issue)(name="viewer", role=Role.VIEWER)
     run = await sync_to_async(running)()
@@ -147,7 +147,7 @@ async def test_the_live_socket_refuses_without_a_token():
 def minted(run: LoadTestRun) -> int:
     """A token an attempt minted for ``run`` and recorded on its row (as ``run_token_mint``)."""
     from console.models import Role
-    from console.services import token_issue
+    from inference.tokens import token_issue
 
     token, _ = token_issue(name=f"load test {run.pk}", role=Role.VIEWER)
     LoadTestRun.objects.filter(pk=run.pk).update(minted_tokens=[*run.minted_tokens, token.pk])
