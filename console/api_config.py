@@ -10,12 +10,13 @@ from asgiref.sync import async_to_sync
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema
 
-from console import selectors, utilization
+from console import selectors
 from console.config_file import ApplyReport, ConfigError, apply_config_text, export_config
 from console.lib.access import NEEDS_ADMIN, NEEDS_VIEWER
 from console.lib.errors import Invalid
 from inference.chat_request import decode_json
 from inference.errors import BadRequest
+from nodes import utilization
 
 router = Router()
 
@@ -51,7 +52,7 @@ class ConfigErrorOut(Schema):
 
 
 class UtilizationOut(Schema):
-    snapshots: list[dict[str, Any]] = Field(description="oldest first; see console.utilization")
+    snapshots: list[dict[str, Any]] = Field(description="oldest first; see nodes.utilization")
 
 
 def report_out(report: ApplyReport) -> dict[str, Any]:

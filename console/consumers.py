@@ -3,7 +3,7 @@
 Server -> client messages:
 
 - ``{"type": "history", "snapshots": [...]}`` once, right after connecting (the kept minutes);
-- ``{"type": "snapshot", "snapshot": {...}}`` every second (shape in ``console.utilization``);
+- ``{"type": "snapshot", "snapshot": {...}}`` every second (shape in ``nodes.utilization``);
 - ``{"type": "node", "node": {...}, "event": {...}?}`` when a node changed (``nodes.live``);
 - ``{"type": "node_removed", "node_id": ...}``.
 
@@ -21,10 +21,10 @@ from urllib.parse import parse_qs
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from console import utilization
 from console.lib import access
 from console.lib.live import LIVE_GROUP
 from inference.tokens import bearer_token
+from nodes import utilization
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403

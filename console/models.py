@@ -62,7 +62,7 @@ class ArrayConfig(models.Model):
 
 
 class UtilizationSample(models.Model):
-    """One utilization snapshot kept by the control loop (shape in ``console.utilization``),
+    """One utilization snapshot kept by the control loop (shape in ``nodes.utilization``),
     so the history an operator sees does not depend on a console tab having been open."""
 
     taken_at = models.DateTimeField(db_index=True)

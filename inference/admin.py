@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from console.read_only_admin import ReadOnlyAdmin
+from console.lib.read_only_admin import ReadOnlyAdmin
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from console.read_only_admin import ReadOnlyAdmin
+from console.lib.read_only_admin import ReadOnlyAdmin
 from nodes.models import Node, NodeEvent
 
 

@@ -333,13 +333,13 @@ async def _first_model(target: Target) -> str:
 
 
 def _array_sampler():
-    """This array's utilization snapshot (``console.utilization.take_snapshot``), each node
+    """This array's utilization snapshot (``nodes.utilization.take_snapshot``), each node
     with the CPUs it computes on (``cpus``) and, for a node whose process was
     measured on this host, the host's CPU % (``host_cpu``), so the report can tell a node or
     a host out of CPU from one out of memory bandwidth."""
     from asgiref.sync import sync_to_async
 
-    from console.utilization import take_snapshot
+    from nodes.utilization import take_snapshot
 
     async def sample() -> dict[str, Any]:
         snapshot, _ = await take_snapshot(0, None)

@@ -64,7 +64,7 @@ def _attested(pid: int) -> Attested | str:
 def attest_control_plane(proven_pid: int | None, address: str) -> Attested | str:
     """The control plane to profile: the pid its identity proof named, when that pid is also
     the one listening on ``address`` (``host:port``); else why not (text)."""
-    from console.utilization import listening_pid
+    from nodes.utilization import listening_pid
 
     if proven_pid is None:
         return "the target did not prove it is this control plane"
@@ -77,9 +77,9 @@ def attest_control_plane(proven_pid: int | None, address: str) -> Attested | str
 def attest_node(node_id: str, address: str) -> Attested | str:
     """The node agent to profile: the process listening on its loopback ``address`` whose
     environment holds the credential this array derives for ``node_id``; else why not."""
-    from console.utilization import listening_pid
     from nodes.agent.auth import ENV_CREDENTIAL
     from nodes.credentials import node_credential
+    from nodes.utilization import listening_pid
 
     pid = listening_pid(address)
     if pid is None:

@@ -16,12 +16,13 @@ from channels.testing import WebsocketCommunicator
 from django.core.cache import cache
 from django.test import override_settings
 
-from console import services, utilization
+from console import services
 from console.asgi import application
 from console.lib.live import LIVE_GROUP
 from console.models import Role
 from inference import tokens
 from inference.models import ModelPackage
+from nodes import utilization
 from nodes.models import Node
 from tests.fakenode import FakeNode
 

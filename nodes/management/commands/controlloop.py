@@ -1,5 +1,5 @@
 """``manage.py controlloop [--once]``: run the health-check loop (see ``nodes.control``); each
-tick also keeps a utilization sample (``console.utilization.record_sample``) and starts,
+tick also keeps a utilization sample (``nodes.utilization.record_sample``) and starts,
 watches and cancels package jobs (``inference.packages.jobs.jobs_tick``) and starts load-test
 workers (``inference.loadtests.jobs.loadtests_tick``). Rolling upgrades
 step in a thread of their own (``inference.upgrades.driver.run``): a smoke test takes seconds
@@ -11,12 +11,12 @@ import signal
 import threading
 
 from console.lib.commands import ArrayCommand
-from console.utilization import record_sample
 from inference.loadtests.jobs import loadtests_tick
 from inference.packages.jobs import jobs_shutdown, jobs_tick
 from inference.upgrades import driver as upgrades
 from nodes import device_validation
 from nodes.control import ControlLoop
+from nodes.utilization import record_sample
 
 
 def after_tick() -> None:
