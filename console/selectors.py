@@ -27,7 +27,7 @@ from nodes.selectors import nodes_status
 
 
 @dataclass(frozen=True)
-class GgufFacts:
+class GgufOnDisk:
     """What a GGUF file says of itself: architecture, parameter count (sum of tensor sizes),
     quantization type, context length (tokens), chat template, tensor count, file size (bytes).
     ``error`` is set (and the rest empty) when the file is missing or unreadable here."""
@@ -60,14 +60,14 @@ def count_human(count: int | None) -> str:
 
 
 @lru_cache(maxsize=64)
-def _facts(path: str, mtime: float, size: int) -> GgufFacts:
+def _facts(path: str, mtime: float, size: int) -> GgufOnDisk:
     from inference.packages.gguf_files import read_facts
 
     try:
         facts = read_facts(path)
     except Exception as exc:  # a damaged file still says what is wrong with it
-        return GgufFacts(exists=True, size_bytes=size, error=f"cannot read it: {exc}"[:200])
-    return GgufFacts(
+        return GgufOnDisk(exists=True, size_bytes=size, error=f"cannot read it: {exc}"[:200])
+    return GgufOnDisk(
         exists=True,
         size_bytes=size,
         architecture=facts.architecture,
@@ -80,12 +80,12 @@ def _facts(path: str, mtime: float, size: int) -> GgufFacts:
     )
 
 
-def gguf_facts(path: str) -> GgufFacts:
+def gguf_facts(path: str) -> GgufOnDisk:
     """Facts of the GGUF file at ``path`` on this host (cached per path, mtime and size)."""
     try:
         stat = os.stat(path)
     except OSError as exc:
-        return GgufFacts(exists=False, error=f"not on this host: {exc.strerror}")
+        return GgufOnDisk(exists=False, error=f"not on this host: {exc.strerror}")
     return _facts(path, stat.st_mtime, stat.st_size)
 
 

@@ -151,14 +151,14 @@ class TemplateIn(Schema):
     version: str | None = None
 
 
-class PolicyIn(Schema):
+class GatePolicyIn(Schema):
     min_tool_accuracy: float | None = None
     min_schema_valid: float | None = None
     max_regression: float | None = None
     max_perplexity_increase: float | None = None
 
 
-class PolicyOut(Schema):
+class GatePolicyOut(Schema):
     family: str
     min_tool_accuracy: float
     min_schema_valid: float
@@ -521,7 +521,7 @@ def _policy_out(family: str) -> dict:
 
 @router.get(
     "/packages/policies/{family}",
-    response=PolicyOut,
+    response=GatePolicyOut,
     tags=["packages"],
     summary="The gate of a model family (defaults until set)",
     auth=NEEDS_VIEWER,
@@ -532,12 +532,12 @@ def policies_show(request: HttpRequest, family: str) -> dict:
 
 @router.put(
     "/packages/policies/{family}",
-    response=PolicyOut,
+    response=GatePolicyOut,
     tags=["packages"],
     summary="Set a model family's gate",
     auth=NEEDS_ADMIN,
 )
-def policies_update(request: HttpRequest, family: str, payload: PolicyIn) -> dict:
+def policies_update(request: HttpRequest, family: str, payload: GatePolicyIn) -> dict:
     changes = {k: v for k, v in payload.dict().items() if v is not None}
     package_services.policy_update(family=family, changes=changes)
     return _policy_out(family)

@@ -114,7 +114,7 @@ def rollout_for(model: str) -> Any:
     return _cached("rollouts", "", _rollouts, ROLLOUT_TTL_S).get(model)
 
 
-def pinned_counts() -> PinnedCounts:
+def pinned_counts_cached() -> PinnedCounts:
     """``nodes.selectors.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the
     route writer's ledger adds what this process pinned since (``pinned_delta``)."""
     return _cached("pinned", "", selectors.pinned_counts, PINNED_TTL_S)

@@ -95,7 +95,7 @@ def _read_routing(
     """The session's row, when its read started (``time.monotonic()``), the node table and
     the rollout of an upgrade of ``model`` under way (None without a session or upgrade)."""
     table = nodes_for_routing(
-        stale_after_s=services.routing_stale_after_s(policy), pinned=lookups.pinned_counts()
+        stale_after_s=services.routing_stale_after_s(policy), pinned=lookups.pinned_counts_cached()
     )
     rollout = lookups.rollout_for(model) if session_id else None
     row_read_at = time.monotonic()

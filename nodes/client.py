@@ -275,12 +275,12 @@ def session_erase_sync(address: str, *, node_id: str, session_id: str, timeout: 
         return False
 
 
-class SwitchRefused(Exception):
+class NodeRefusedSwitch(Exception):
     """The node refused a package switch (400: a bad request, a file it does not have); the
     message is the node's."""
 
 
-class SwitchBusy(SwitchRefused):
+class SwitchBusy(NodeRefusedSwitch):
     """The node is loading another switch (409): ask again when it has ended."""
 
 
@@ -296,7 +296,7 @@ def package_switch(
 ) -> dict[str, Any]:
     """``PUT /package``: ask the node to load ``model_path`` and serve it as ``package``
     (nodes/agent/switch.py); returns its state (202). Raises ``SwitchBusy`` while another
-    switch loads, ``SwitchRefused`` for a refusal, ``httpx.HTTPError`` on network trouble."""
+    switch loads, ``NodeRefusedSwitch`` for a refusal, ``httpx.HTTPError`` on network trouble."""
     body = {"model_path": model_path, "package": package, "sha256": sha256}
     if settings:
         body["settings"] = settings
@@ -306,7 +306,7 @@ def package_switch(
     if response.status_code == 409:
         raise SwitchBusy(_error_message(response))
     if response.status_code == 400:
-        raise SwitchRefused(_error_message(response))
+        raise NodeRefusedSwitch(_error_message(response))
     response.raise_for_status()
     return response.json()
 
@@ -327,7 +327,7 @@ class ValidationUnsupported(Exception):
     """The node does not speak device validation (404: an external server)."""
 
 
-class ValidationBusy(Exception):
+class NodeValidationBusy(Exception):
     """The node runs another validation (409)."""
 
 
@@ -335,7 +335,7 @@ def validation_start(
     address: str, *, node_id: str, run: str, timeout: float = 5.0
 ) -> dict[str, Any]:
     """``POST /validation``: start run ``run`` on the node (nodes/agent/validation.py); returns
-    its state. Raises ``ValidationUnsupported`` (404), ``ValidationBusy`` (409),
+    its state. Raises ``ValidationUnsupported`` (404), ``NodeValidationBusy`` (409),
     ``httpx.HTTPError`` on network trouble or another status."""
     response = _client().post(
         f"http://{address}/validation",
@@ -346,7 +346,7 @@ def validation_start(
     if response.status_code == 404:
         raise ValidationUnsupported(_error_message(response))
     if response.status_code == 409:
-        raise ValidationBusy(_error_message(response))
+        raise NodeValidationBusy(_error_message(response))
     response.raise_for_status()
     return response.json()
 

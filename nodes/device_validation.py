@@ -212,7 +212,7 @@ def validation_start(run: ValidationRun) -> bool:
     except node_client.ValidationUnsupported:
         _end(run, Run.State.FAILED, rules=[_unsupported()], reason=_unsupported().reason)
         return False
-    except (node_client.ValidationBusy, httpx.HTTPError, ValueError) as exc:
+    except (node_client.NodeValidationBusy, httpx.HTTPError, ValueError) as exc:
         if _age_s(run.created_at) > TIMEOUT_S:
             _end(
                 run,

@@ -280,7 +280,7 @@ async def _hold_lease() -> bool:
 # --- the sampler task ----------------------------------------------------------------------
 
 
-class Sampler:
+class UtilizationSampler:
     """The per-process sampling task; ``watchers`` counts this process's open live pages."""
 
     def __init__(self) -> None:
@@ -331,15 +331,15 @@ class Sampler:
             self.idle_since = time.monotonic()
 
 
-_samplers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Sampler] = (
+_samplers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, UtilizationSampler] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def sampler() -> Sampler:
+def sampler() -> UtilizationSampler:
     """The sampler of the running event loop."""
     loop = asyncio.get_running_loop()
     found = _samplers.get(loop)
     if found is None:
-        found = _samplers[loop] = Sampler()
+        found = _samplers[loop] = UtilizationSampler()
     return found

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from console.lib.audit import audit_record
-from console.lib.errors import Conflict, Invalid
+from console.lib.errors import Conflict, ConsoleError, Invalid
 from inference.models import ModelPackage
 from inference.packages.store import Stored
 
@@ -17,6 +17,13 @@ DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}  # the node's defaults (e
 # A chat template's UTF-8 bytes, at most: the longest in common use (tool-use templates of
 # Llama 3.x, Qwen, Hermes) are 5 to 20 KiB; pages diff two of them line by line.
 CHAT_TEMPLATE_MAX_BYTES = 64 << 10
+
+
+class BadFile(ConsoleError):
+    """The file is not a GGUF (or not a readable one): 400 with the reason."""
+
+    status = 400
+    code = "not_gguf"
 
 
 def check_chat_template(text: str, *, field: str = "chat_template") -> None:
@@ -33,8 +40,6 @@ def check_chat_template(text: str, *, field: str = "chat_template") -> None:
 def _check_facts(facts: Any) -> None:
     """Raise ``BadFile`` (400) when what the GGUF says of itself does not fit a row: a chat
     template over the limit, an architecture or file type longer than its column."""
-    from inference.packages.services import BadFile
-
     size = len(facts.chat_template.encode("utf-8", "replace"))
     if size > CHAT_TEMPLATE_MAX_BYTES:
         raise BadFile(

@@ -23,7 +23,7 @@ from django.db.models import ProtectedError
 from django.utils import timezone
 
 from console.lib.audit import audit_record
-from console.lib.errors import Conflict, ConsoleError, Invalid, NotFound
+from console.lib.errors import Conflict, Invalid, NotFound
 from inference.model_names import QUANT_SUFFIX as QUANT_SUFFIX
 from inference.model_names import family_of as family_of
 from inference.models import ModelPackage, PackageJob, PackagePolicy
@@ -34,7 +34,7 @@ from inference.packages.import_paths import (
     open_import,
     readable_path,
 )
-from inference.packages.registry import check_chat_template
+from inference.packages.registry import BadFile, check_chat_template
 from inference.packages.registry import register as _register
 from inference.packages.registry import stored_fields as _stored_fields
 from inference.packages.retention import file_unused, unless_registered
@@ -43,13 +43,6 @@ from inference.packages.store import PackageStore, Stored
 __all__ = ["check_import_path", "unless_registered"]  # re-exported: callers import them here
 
 Status = ModelPackage.Status
-
-
-class BadFile(ConsoleError):
-    """The file is not a GGUF (or not a readable one): 400 with the reason."""
-
-    status = 400
-    code = "not_gguf"
 
 
 @dataclass

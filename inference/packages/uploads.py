@@ -40,7 +40,8 @@ from django.conf import settings
 from console.lib.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage
 from inference.packages import services
-from inference.packages.services import GGUF_MAGIC, BadFile, Imported
+from inference.packages.registry import BadFile
+from inference.packages.services import GGUF_MAGIC, Imported
 
 STALE_AFTER_S = 24 * 3600
 UPLOAD_ID = re.compile(r"[0-9a-f]{32}")

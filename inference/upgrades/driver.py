@@ -287,7 +287,7 @@ def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str
             _ask_switch(upgrade, node, package, upgrade.node_settings)
         except node_client.SwitchBusy:
             return  # another load is under way on the node: ask when it has ended
-        except (node_client.SwitchRefused, httpx.HTTPError) as exc:
+        except (node_client.NodeRefusedSwitch, httpx.HTTPError) as exc:
             _fail(upgrade, s, "switch", f"{node.node_id} refused {package.key}: {exc}")
             return
     _move(upgrade, s, state, f"loading {package.key}")
@@ -468,7 +468,7 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool)
                     _ask_switch(upgrade, node, old, before)
                 except node_client.SwitchBusy:
                     return  # a load is under way; ask when it has ended
-                except (node_client.SwitchRefused, httpx.HTTPError) as exc:
+                except (node_client.NodeRefusedSwitch, httpx.HTTPError) as exc:
                     s["detail"] = f"going back to {old.key} refused, retried: {exc}"
                     return
             s["revert"] = "switching"

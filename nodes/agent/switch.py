@@ -15,7 +15,6 @@ The control plane drains a node before switching it (inference/upgrades), so non
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import threading
 import time
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.bundled import file_sha256
 from inference.engine.scheduler import Engine, EngineConfig
 from nodes.agent.engine_settings import LIMITS, SETTINGS, bounds_sentence
 
@@ -97,14 +97,6 @@ class SwitchStatus:
 
     def fail(self, error: str) -> None:
         self.state, self.error, self.finished_at = "failed", error, time.time()
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_engine(

@@ -196,7 +196,7 @@ def test_the_control_loops_samples_do_not_leak_sockets_or_connections(fake_node_
 
 
 async def test_the_sampler_stops_when_cancelled_even_if_a_tick_swallowed_it(monkeypatch):
-    sampler = utilization.Sampler()
+    sampler = utilization.UtilizationSampler()
     sampler.watchers = 1  # a page that never said goodbye
     ticking = asyncio.Event()
 

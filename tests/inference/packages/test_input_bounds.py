@@ -16,6 +16,7 @@ import pytest
 from console.lib.errors import Invalid
 from inference.models import ModelPackage, PackageJob
 from inference.packages import jobs, services, sources
+from inference.packages.registry import BadFile
 
 CHAT_TEMPLATE_MAX_BYTES = 64 << 10  # inference.packages.registry's, as a user reads it
 
@@ -190,7 +191,7 @@ def test_a_chat_template_over_the_limit_is_refused_where_it_enters(home, tmp_pat
 def test_a_gguf_whose_own_template_is_over_the_limit_is_refused_and_not_kept(home, tmp_path):
     big = "x" * (CHAT_TEMPLATE_MAX_BYTES + 1)
     path = tiny_gguf(tmp_path / "m.gguf", template=big)
-    with pytest.raises(services.BadFile) as refused:
+    with pytest.raises(BadFile) as refused:
         services.package_import_file(path=path, name="m", source={"kind": "import"})
     assert refused.value.message == (
         "the GGUF's chat template is 65,537 bytes, over the limit of 65,536."
@@ -200,7 +201,7 @@ def test_a_gguf_whose_own_template_is_over_the_limit_is_refused_and_not_kept(hom
 
 def test_a_gguf_whose_architecture_does_not_fit_its_column_is_a_bad_file(home, tmp_path):
     path = tiny_gguf(tmp_path / "m.gguf", arch="a" * 65)
-    with pytest.raises(services.BadFile, match="architecture is 65 characters, over the limit"):
+    with pytest.raises(BadFile, match="architecture is 65 characters, over the limit"):
         services.package_import_file(path=path, name="m", source={"kind": "import"})
     assert not ModelPackage.objects.exists()
 

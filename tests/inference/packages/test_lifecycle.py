@@ -11,6 +11,7 @@ from console.lib.errors import Conflict
 from inference.models import ModelPackage
 from inference.packages import services
 from inference.packages.gguf_files import read_facts, write_with_chat_template
+from inference.packages.registry import BadFile
 from nodes.models import Node
 
 pytestmark = [pytest.mark.django_db, pytest.mark.model]
@@ -79,7 +80,7 @@ def test_a_new_template_is_a_new_version_with_its_lineage(home, bundled):
 def test_it_refuses_a_file_that_is_not_gguf(home, tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"PK\x03\x04 a zip file")
-    with pytest.raises(services.BadFile, match="not a GGUF file"):
+    with pytest.raises(BadFile, match="not a GGUF file"):
         imported(path)
     assert not ModelPackage.objects.exists()
 

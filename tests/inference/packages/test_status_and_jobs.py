@@ -16,6 +16,7 @@ from console.lib.errors import Conflict, Invalid
 from console.models import AuditEntry
 from inference.models import ModelPackage, PackageJob
 from inference.packages import jobs, services
+from inference.packages.registry import BadFile
 from inference.packages.store import PackageStore
 from nodes.models import Node
 
@@ -249,7 +250,7 @@ def test_path_imports_stay_inside_the_allowed_directories(settings, tmp_path):
 
 def test_a_path_that_is_not_gguf_is_refused_without_quoting_it(home, tmp_path):
     secret = _file(tmp_path / "secret.txt", b"hunter2 is the password")
-    with pytest.raises(services.BadFile) as refused:
+    with pytest.raises(BadFile) as refused:
         services.package_import_file(path=secret, name="m", source={"kind": "import"})
     assert "hunter" not in refused.value.message
     assert (
@@ -259,7 +260,7 @@ def test_a_path_that_is_not_gguf_is_refused_without_quoting_it(home, tmp_path):
 
 def test_a_template_for_a_version_whose_file_is_not_gguf_is_a_bad_file(home, tmp_path):
     broken = package(gguf_path=str(_file(tmp_path / "x.gguf", b"not a gguf at all" * 8)))
-    with pytest.raises(services.BadFile, match="not a GGUF file"):
+    with pytest.raises(BadFile, match="not a GGUF file"):
         services.package_with_template(package_id=broken.pk, chat_template="{{ messages }}")
     assert not list((home / "packages" / "work").glob("*"))
 
