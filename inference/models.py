@@ -487,6 +487,19 @@ class Upgrade(models.Model):
     comparison). ``bake`` holds the running comparison's baselines.
     """
 
+    class Step(models.TextChoices):
+        """Where one node of an upgrade stands (``nodes[i]["state"]``, and the phase of its
+        rollback in ``nodes[i]["revert"]``): the driver's vocabulary, one word each."""
+
+        WAITING = "waiting", "Waiting"
+        DRAINING = "draining", "Draining"
+        SWITCHING = "switching", "Switching"
+        CHECKING = "checking", "Checking"
+        DONE = "done", "Done"
+        REVERTING = "reverting", "Reverting"
+        REVERTED = "reverted", "Reverted"
+        STUCK = "stuck", "Stuck"
+
     class State(models.TextChoices):
         PENDING = "pending", "Pending"
         RUNNING = "running", "Running"

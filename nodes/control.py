@@ -32,7 +32,7 @@ def canary_due(node: Node, policy: RoutingPolicy) -> bool:
         return True
     if policy.canary_idle_s <= 0 or node.state == Node.State.DRAINING:
         return False
-    if node.validation == "validating":  # benchmarking: a canary would skew both
+    if node.validation == Node.Validation.VALIDATING:  # benchmarking: a canary would skew both
         return False
     stamps = [t for t in (node.last_active_at, node.last_canary_at) if t is not None]
     since = max(stamps) if stamps else node.created_at

@@ -99,7 +99,7 @@ def validation_request(
         package_id=node.package_id,
         node_instance=instance[:64],
     )
-    node.validation = "validating"
+    node.validation = Node.Validation.VALIDATING
     node.validation_reason = f"run {run.pk} ({run.get_trigger_display().lower()}) under way"
     node.save(update_fields=["validation", "validation_reason", "updated_at"])
     _event(node, f"validation {run.pk} queued: {run.get_trigger_display().lower()}")
@@ -117,7 +117,7 @@ def validation_note_probe(*, node_id: str, device: dict[str, Any] | None) -> Val
     if node is None or node.validation_runs.filter(state__in=OPEN).exists():
         return None
     if device is None:
-        if node.validation != "pending":
+        if node.validation != Node.Validation.PENDING:
             return None
         run = validation_request(
             node_id=node_id, trigger=Run.Trigger.START, requested_by="control loop"
@@ -125,11 +125,11 @@ def validation_note_probe(*, node_id: str, device: dict[str, Any] | None) -> Val
         _end(run, Run.State.FAILED, rules=[_unsupported()], reason=_unsupported().reason)
         return run
     instance, fingerprint = str(device.get("instance") or ""), str(device.get("fingerprint") or "")
-    if node.validation == "pending" or instance != node.device_instance:
+    if node.validation == Node.Validation.PENDING or instance != node.device_instance:
         trigger = Run.Trigger.START
     elif fingerprint and node.device_fingerprint and fingerprint != node.device_fingerprint:
         trigger = Run.Trigger.CHANGE
-    elif node.validation == "failed" and _retry_due(node):
+    elif node.validation == Node.Validation.FAILED and _retry_due(node):
         trigger = Run.Trigger.RETRY
     else:
         return None
@@ -168,7 +168,7 @@ def validation_waive(*, node_id: str, reason: str, by: str) -> Node:
     if not reason.strip():
         raise ValueError("a reason is required to waive validation")
     node = Node.objects.select_for_update().get(node_id=node_id)
-    node.validation = "waived"
+    node.validation = Node.Validation.WAIVED
     node.validation_reason = f"waived by {by or 'an operator'}: {reason.strip()}"[:2000]
     node.save(update_fields=["validation", "validation_reason", "updated_at"])
     _event(node, node.validation_reason)
@@ -391,7 +391,7 @@ def _end(
         setattr(run, key, value)
     node = Node.objects.select_for_update().get(pk=run.node_id)
     update = ["updated_at"]
-    if node.validation == "validating":
+    if node.validation == Node.Validation.VALIDATING:
         node.validation, node.validation_reason = _NODE_STATUS[state], reason[:2000]
         update += ["validation", "validation_reason"]
     if run.node_instance:  # an errored run too: this agent process is not asked again at once

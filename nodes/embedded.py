@@ -412,7 +412,7 @@ def nodes_mark_starting(node_ids: Sequence[str]) -> int:
     nodes = Node.objects.filter(node_id__in=node_ids)
     nodes.exclude(state=Node.State.DRAINING).update(state=Node.State.UNKNOWN)
     nodes.update(supervisor=supervisor_name(), restart_requested_at=None, restart_requested_by="")
-    nodes.exclude(validation="waived").update(
-        validation="pending", validation_reason="agent starting: to be validated"
+    nodes.exclude(validation=Node.Validation.WAIVED).update(
+        validation=Node.Validation.PENDING, validation_reason="agent starting: to be validated"
     )
     return nodes.update(consecutive_failures=0, consecutive_successes=0, last_seen_load=None)

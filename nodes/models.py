@@ -82,17 +82,21 @@ class Node(models.Model):
     kv_budget_tokens = models.PositiveIntegerField(
         default=0, help_text="KV tokens new sessions may fill (0: the node's own capacity)."
     )
+
+    class Validation(models.TextChoices):
+        """Where a node stands with device validation (``nodes.device_validation``)."""
+
+        PENDING = "pending", "Pending"
+        VALIDATING = "validating", "Validating"
+        PASSED = "passed", "Passed"
+        WARNED = "warned", "Passed with warnings"
+        FAILED = "failed", "Failed"
+        WAIVED = "waived", "Waived by an operator"
+
     validation = models.CharField(
         max_length=16,
-        choices=[
-            ("pending", "Pending"),
-            ("validating", "Validating"),
-            ("passed", "Passed"),
-            ("warned", "Passed with warnings"),
-            ("failed", "Failed"),
-            ("waived", "Waived by an operator"),
-        ],
-        default="pending",
+        choices=Validation.choices,
+        default=Validation.PENDING,
         help_text="Device validation: only passed, warned or waived nodes take traffic.",
     )
     validation_reason = models.TextField(blank=True, default="")
@@ -155,7 +159,7 @@ class Node(models.Model):
             return self.served_name
         return self.package.name if self.package_id else None
 
-    ROUTABLE_VALIDATIONS = ("passed", "warned", "waived")
+    ROUTABLE_VALIDATIONS = (Validation.PASSED, Validation.WARNED, Validation.WAIVED)
 
     @property
     def validated(self) -> bool:

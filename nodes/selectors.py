@@ -89,7 +89,7 @@ def routing_state(state: str, validation: str) -> str:
     ``validating`` or ``failed validation`` whatever its health (routing takes only ``up``)."""
     if validation in Node.ROUTABLE_VALIDATIONS or state != Node.State.UP:
         return state
-    return "failed validation" if validation == "failed" else "validating"
+    return "failed validation" if validation == Node.Validation.FAILED else "validating"
 
 
 _NODE_FIELDS = (

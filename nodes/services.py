@@ -229,7 +229,7 @@ def node_upsert(
         node.state = Node.State.UNKNOWN if node.state != Node.State.DRAINING else node.state
         node.consecutive_failures = 0
         node.last_seen_load = None
-        if node.validation != "waived":  # another machine or model: prove it again
+        if node.validation != Node.Validation.WAIVED:  # another machine or model: prove it again
             node.validation, node.device_instance = "pending", ""
             node.validation_reason = "address or package changed: to be validated"
     node.address, node.package_id, node.cpu_set, node.threads = (

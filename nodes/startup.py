@@ -67,13 +67,17 @@ def node_stage(node: Node, open_run: ValidationRun | None) -> NodeStage:
     """The stage of ``node`` (with its open run, if any) and its line."""
     name = node.node_id
     if takes_sessions(node):
-        last = _last_ended(node) if node.validation != "waived" else None
+        last = _last_ended(node) if node.validation != Node.Validation.WAIVED else None
         took = f" in {wall:.1f} s" if (wall := _run_wall_s(last)) is not None else ""
         said = (
-            f" (warnings: {_rules(node.validation_reason)})" if node.validation == "warned" else ""
+            f" (warnings: {_rules(node.validation_reason)})"
+            if node.validation == Node.Validation.WARNED
+            else ""
         )
         return NodeStage(name, SERVING, f"{name} takes sessions: {node.validation}{took}{said}")
-    if node.state == Node.State.DRAINING or (node.validation == "failed" and open_run is None):
+    if node.state == Node.State.DRAINING or (
+        node.validation == Node.Validation.FAILED and open_run is None
+    ):
         why = "draining" if node.state == Node.State.DRAINING else node.validation_reason
         return NodeStage(name, KEPT_OUT, f"{name} kept out: {why or node.validation}")
     if node.state == Node.State.UP and node.routing_weight <= 0 and node.validated:

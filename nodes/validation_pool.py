@@ -151,7 +151,11 @@ def _rejudged(node: Node, run: ValidationRun, rules: list[dict], pool: dict[str,
     reason = "; ".join(findings) or "every rule passes"
     Run.objects.filter(pk=run.pk).update(rules=rules, pool=pool, state=state, reason=reason)
     latest = node.validation_runs.order_by("-created_at", "-id").first()
-    if latest is not None and latest.pk == run.pk and node.validation in ("passed", "warned"):
+    if (
+        latest is not None
+        and latest.pk == run.pk
+        and node.validation in (Node.Validation.PASSED, Node.Validation.WARNED)
+    ):
         Node.objects.filter(pk=node.pk).update(
             validation=str(state), validation_reason=reason[:2000]
         )

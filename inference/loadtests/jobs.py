@@ -200,7 +200,11 @@ class Worker:
     def _validating(self) -> list[str]:
         from nodes.models import Node
 
-        return list(Node.objects.filter(validation="validating").values_list("node_id", flat=True))
+        return list(
+            Node.objects.filter(validation=Node.Validation.VALIDATING).values_list(
+                "node_id", flat=True
+            )
+        )
 
     def _start_profiles(self, target: Target) -> None:
         """Flame graphs of the control plane and the first loopback node, each only when it

@@ -26,7 +26,7 @@ from inference.upgrades.outcomes import finish, record_gate, roll_back
 from inference.upgrades.services import upgrade_event
 from nodes.models import Node
 
-State = Upgrade.State
+State, Step = Upgrade.State, Upgrade.Step
 COUNTERS = ("requests", "failed", "tool_parse_failures", "ttft_p95")
 BASELINE_NOTE = " (old: the old version over this upgrade's earlier bakes; no node serves it now)"
 
@@ -134,8 +134,8 @@ def _sides(upgrade: Upgrade) -> tuple[plan.Side, plan.Side, bool]:
     """``(old, new, from_baseline)``: each version's traffic since the bake began, from the
     plan's nodes not yet moved (old) and those done (new); with no old node left, the old
     side is the baseline of the earlier bakes (``from_baseline`` True) when there is one."""
-    old_ids = [s["node_id"] for s in upgrade.nodes if s["state"] == "waiting"]
-    new_ids = [s["node_id"] for s in upgrade.nodes if s["state"] == "done"]
+    old_ids = [s["node_id"] for s in upgrade.nodes if s["state"] == Step.WAITING]
+    new_ids = [s["node_id"] for s in upgrade.nodes if s["state"] == Step.DONE]
     after, before = counters(), upgrade.bake.get("before") or {}
 
     def side(ids: list[str]) -> plan.Side:
@@ -151,7 +151,7 @@ def _sides(upgrade: Upgrade) -> tuple[plan.Side, plan.Side, bool]:
 
 def _keep_baseline(upgrade: Upgrade, old: plan.Side) -> None:
     """Add the old version's traffic over this bake to the upgrade's baseline."""
-    if not any(s["state"] == "waiting" for s in upgrade.nodes):
+    if not any(s["state"] == Step.WAITING for s in upgrade.nodes):
         return  # the old side was the baseline itself
     kept = upgrade.bake.get("baseline")
     total = plan.Side(**kept).plus(old) if kept else old

@@ -50,7 +50,7 @@ from nodes import services as node_services
 from nodes.models import Node, NodeEvent
 
 log = logging.getLogger(__name__)
-State = Upgrade.State
+State, Step = Upgrade.State, Upgrade.Step
 SMOKE_TIMEOUT_S = 120.0
 
 
@@ -178,7 +178,7 @@ def _forward(upgrade: Upgrade) -> None:
         if upgrade.state != State.RUNNING:
             return
         _advance(upgrade, s)
-    if upgrade.state == State.RUNNING and all(s["state"] == "done" for s in steps):
+    if upgrade.state == State.RUNNING and all(s["state"] == Step.DONE for s in steps):
         bake_step(upgrade, batch)
 
 
@@ -194,26 +194,26 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
         _fail(upgrade, s, "health", f"{s['node_id']} was removed from the array")
         return
     settings = upgrade.settings
-    if s["state"] == "waiting":
+    if s["state"] == Step.WAITING:
         if node.state == Node.State.DOWN:
             _fail(upgrade, s, "health", f"{node.node_id} is down: {node.last_probe_error}")
             return
         if _holds_last_sessions(upgrade, s, node):
             return
         node_services.node_drain(node_id=node.node_id, by=_actor(upgrade))
-        _move(upgrade, s, "draining", "drained: no new sessions")
-    elif s["state"] == "draining":
+        _move(upgrade, s, Step.DRAINING, "drained: no new sessions")
+    elif s["state"] == Step.DRAINING:
         if _drained(node, s, settings["drain_timeout_s"]):
-            _switch(upgrade, s, node, upgrade.to_package, "switching")
-    elif s["state"] == "switching":
-        _await_switch(upgrade, s, node, upgrade.to_package, next_state="checking")
-    elif s["state"] == "checking":
+            _switch(upgrade, s, node, upgrade.to_package, Step.SWITCHING)
+    elif s["state"] == Step.SWITCHING:
+        _await_switch(upgrade, s, node, upgrade.to_package, next_state=Step.CHECKING)
+    elif s["state"] == Step.CHECKING:
         if _check(upgrade, s, node):
             if not s.get("was_draining"):
                 node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             if s.get("surge"):  # spare capacity takes traffic on the new version for now
                 Node.objects.filter(pk=node.pk).update(weight=1.0)
-            _move(upgrade, s, "done", "serves the new version and takes traffic")
+            _move(upgrade, s, Step.DONE, "serves the new version and takes traffic")
             if upgrade.new_share == 0.0:
                 upgrade.new_share = 1.0 if upgrade.promote else float(settings["canary_share"])
                 upgrade_event(
@@ -407,16 +407,16 @@ def _backward(upgrade: Upgrade) -> None:
     drained for the operator)."""
     budget = int(upgrade.settings["max_unavailable"])
     for s in sorted(upgrade.nodes, key=lambda s: -s["batch"]):
-        if s["state"] in ("reverted", "stuck"):
+        if s["state"] in (Step.REVERTED, Step.STUCK):
             continue
         node = Node.objects.filter(node_id=s["node_id"]).first()
         if node is None:
-            _move(upgrade, s, "reverted", "removed from the array")
+            _move(upgrade, s, Step.REVERTED, "removed from the array")
             continue
-        out = sum(1 for x in upgrade.nodes if x["state"] == "reverting")
+        out = sum(1 for x in upgrade.nodes if x["state"] == Step.REVERTING)
         _revert(upgrade, s, node, may_drain=out < budget)
-    if all(s["state"] in ("reverted", "stuck") for s in upgrade.nodes):
-        stuck = [s["node_id"] for s in upgrade.nodes if s["state"] == "stuck"]
+    if all(s["state"] in (Step.REVERTED, Step.STUCK) for s in upgrade.nodes):
+        stuck = [s["node_id"] for s in upgrade.nodes if s["state"] == Step.STUCK]
         if stuck:
             _finish(
                 upgrade,
@@ -431,34 +431,34 @@ def _backward(upgrade: Upgrade) -> None:
 def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool) -> None:
     old = upgrade.from_package
     before = s.get("settings_before") or {}
-    if s["state"] != "reverting":
+    if s["state"] != Step.REVERTING:
         current = node_client.package_state(node.address, node_id=node.node_id)
         switch = (current or {}).get("switch") or {}
         if switch.get("state") in ("verifying", "loading"):
             return  # a load under way (ours, perhaps): let it end before deciding
         if _serves(current, old, before) and node.package_id == old.pk:
-            if s["state"] == "draining" or (
-                s["state"] != "waiting" and node.state == Node.State.DRAINING
+            if s["state"] == Step.DRAINING or (
+                s["state"] != Step.WAITING and node.state == Node.State.DRAINING
             ):
                 if not s.get("was_draining"):
                     node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
-            _move(upgrade, s, "reverted", f"kept {old.key}")
+            _move(upgrade, s, Step.REVERTED, f"kept {old.key}")
             return
-        if current is None and s["state"] == "waiting":
-            _move(upgrade, s, "reverted", f"not reached; kept {old.key}")
+        if current is None and s["state"] == Step.WAITING:
+            _move(upgrade, s, Step.REVERTED, f"not reached; kept {old.key}")
             return
         if not may_drain:
             return
         node_services.node_drain(node_id=node.node_id, by=_actor(upgrade))
-        s["revert"] = "draining"
-        _move(upgrade, s, "reverting", f"drained to go back to {old.key}")
+        s["revert"] = Step.DRAINING
+        _move(upgrade, s, Step.REVERTING, f"drained to go back to {old.key}")
         return
     phase = s.get("revert", "")
     limit = upgrade.settings["switch_timeout_s"] + upgrade.settings["drain_timeout_s"]
     if _since(s) > limit:
-        _move(upgrade, s, "stuck", f"did not get back to {old.key} within {limit:.0f} s")
+        _move(upgrade, s, Step.STUCK, f"did not get back to {old.key} within {limit:.0f} s")
         return
-    if phase == "draining":
+    if phase == Step.DRAINING:
         if _drained(node, s, upgrade.settings["drain_timeout_s"]):
             current = node_client.package_state(node.address, node_id=node.node_id)
             if current is None:
@@ -471,22 +471,22 @@ def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool)
                 except (node_client.NodeRefusedSwitch, httpx.HTTPError) as exc:
                     s["detail"] = f"going back to {old.key} refused, retried: {exc}"
                     return
-            s["revert"] = "switching"
+            s["revert"] = Step.SWITCHING
             s["since"] = timezone.now().isoformat()
             upgrade_event(upgrade, "reverting", f"loading {old.key}", s["node_id"])
-    elif phase == "switching":
+    elif phase == Step.SWITCHING:
         current = node_client.package_state(node.address, node_id=node.node_id)
         switch = (current or {}).get("switch") or {}
         if switch.get("state") in ("verifying", "loading"):
             return
         if _serves(current, old, before):
             _served(node, old, upgrade, before)
-            s["revert"] = "checking"
+            s["revert"] = Step.CHECKING
         elif current is not None:
-            s["revert"] = "draining"  # it failed, or a later load won: ask again
-    elif phase == "checking":
+            s["revert"] = Step.DRAINING  # it failed, or a later load won: ask again
+    elif phase == Step.CHECKING:
         if node_client.probe(node.address, node_id=node.node_id, timeout=5.0).ok:
             if not s.get("was_draining"):
                 node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             s.pop("revert", None)
-            _move(upgrade, s, "reverted", f"back on {old.key}")
+            _move(upgrade, s, Step.REVERTED, f"back on {old.key}")

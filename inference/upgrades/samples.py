@@ -11,6 +11,8 @@ from django.utils import timezone
 from inference.models import SessionRoute, Upgrade, UpgradeSample
 from nodes.models import Node
 
+Step = Upgrade.Step
+
 
 def sample(upgrade: Upgrade) -> UpgradeSample:
     """Sessions active in the last minute and nodes up, per version, now."""
@@ -18,7 +20,7 @@ def sample(upgrade: Upgrade) -> UpgradeSample:
     routes = SessionRoute.objects.filter(last_seen_at__gte=recent)
     up = Node.objects.filter(state=Node.State.UP)
     if upgrade.from_package_id == upgrade.to_package_id:  # settings: the sides are nodes
-        moved = [s["node_id"] for s in upgrade.nodes if s["state"] in ("done", "reverting")]
+        moved = [s["node_id"] for s in upgrade.nodes if s["state"] in (Step.DONE, Step.REVERTING)]
         mine = routes.filter(package_id=upgrade.from_package_id)
         new_sessions = mine.filter(node__node_id__in=moved).count()
         old_sessions = mine.count() - new_sessions

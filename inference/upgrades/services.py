@@ -21,7 +21,7 @@ from inference.routing import Rollout
 from inference.upgrades import plan
 from nodes.models import Node
 
-State = Upgrade.State
+State, Step = Upgrade.State, Upgrade.Step
 ACTIVE = (State.PENDING, State.RUNNING, State.PAUSED, State.ROLLING_BACK)
 
 
@@ -143,7 +143,7 @@ def _plan_steps(nodes: list[Node], max_unavailable: int) -> list[dict[str, Any]]
         {
             "node_id": node_id,
             "batch": number,
-            "state": "waiting",
+            "state": Step.WAITING,
             "since": timezone.now().isoformat(),
             "detail": "",
             "was_draining": node_id in drained,
