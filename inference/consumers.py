@@ -30,7 +30,7 @@ from inference import lookups, proxy, selectors, services, tokens
 from inference.chat_request import decode_json
 from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, ProxyError
 from inference.relay import Upstream, sse_events
-from inference.validation import WsTurn, check_chat_body, check_session_id, parse_ws_message
+from inference.request_checks import WsTurn, check_chat_body, check_session_id, parse_ws_message
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403

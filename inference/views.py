@@ -16,7 +16,7 @@ from inference import lookups, proxy, selectors, tokens
 from inference.errors import MethodNotAllowed, ProxyError
 from inference.models import RoutingPolicy
 from inference.relay import sse_passthrough
-from inference.validation import check_chat_body, parse_json_object, session_key
+from inference.request_checks import check_chat_body, parse_json_object, session_key
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference.errors import BadRequest
-from inference.validation import (
+from inference.request_checks import (
     MAX_SESSION_ID,
     check_chat_body,
     check_session_id,
