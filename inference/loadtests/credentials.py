@@ -22,7 +22,7 @@ class ClaimLost(Exception):
 
 def run_token_mint(run_id: int, *, rows) -> str:
     """Mint a viewer API token for run ``run_id`` and record its id on the row; ``rows``: the
-    attempt's queryset of the row (``jobs.Claim.rows()``). Returns the plaintext. Raises
+    attempt's queryset of the row (``console.lib.jobs.Lease.rows()``). Returns the plaintext. Raises
     ``ClaimLost`` (and creates nothing) when ``rows`` no longer matches."""
     from console.models import Role
     from inference.tokens import token_issue

@@ -25,11 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,10 +33,11 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.db.models import F, Value
+from django.db.models import Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from console.lib.jobs import Lease, ProcessRunner, beat_is_fresh, claim
 from inference.loadtests.credentials import run_token_mint, run_tokens_revoke
 from inference.loadtests.identity import NotThisControlPlane, Proven, aprove
 from inference.loadtests.models import CostModel, LoadTestRun, LoadTestSample
@@ -48,40 +45,23 @@ from inference.loadtests.profiling import Profiler, attest_control_plane, attest
 from inference.loadtests.report import build_report
 from inference.loadtests.runner import LoadRun, Target
 from inference.loadtests.scenario import Scenario, parse_scenario
-from inference.packages.jobs import child_environment
 
 log = logging.getLogger(__name__)
 State = LoadTestRun.State
 MAX_ATTEMPTS = 3
 VALIDATION_WAIT_S = 180.0
-_children: dict[int, subprocess.Popen] = {}  # run id -> worker this control loop started
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A worker's hold on its run: the row while ``running`` with this attempt number."""
-
-    run_id: int
-    attempt: int
-
-    def rows(self):
-        return LoadTestRun.objects.filter(
-            pk=self.run_id, state=State.RUNNING, attempts=self.attempt
-        )
+PROCESSES = ProcessRunner("loadtestjob", "loadtest")  # the workers this control loop started
 
 
 def _claim(run_id: int, *, pid: int | None) -> bool:
-    """``queued`` -> ``running`` unless someone took it first; True when this caller did."""
-    now = timezone.now()
-    return bool(
-        LoadTestRun.objects.filter(pk=run_id, state=State.QUEUED).update(
-            state=State.RUNNING,
-            pid=pid,
-            started_at=Coalesce("started_at", Value(now)),
-            heartbeat_at=now,
-            attempts=F("attempts") + 1,
-            message="starting",
-        )
+    """``queued`` -> ``running`` unless someone took it first; True when this caller did (a
+    resumed run keeps its first ``started_at``)."""
+    return claim(
+        LoadTestRun,
+        run_id,
+        pid=pid,
+        started_at=Coalesce("started_at", Value(timezone.now())),
+        message="starting",
     )
 
 
@@ -97,7 +77,7 @@ def loadtest_execute(run_id: int, *, claimed: bool = False, echo=None) -> LoadTe
         return LoadTestRun.objects.get(pk=run_id)
     run = LoadTestRun.objects.get(pk=run_id)
     LoadTestRun.objects.filter(pk=run_id, state=State.RUNNING).update(pid=os.getpid())
-    claim = Claim(run.pk, run.attempts)
+    claim = Lease(LoadTestRun, run.pk, run.attempts)
     worker = Worker(run, claim, echo=echo)
     try:
         asyncio.run(worker.main())
@@ -110,7 +90,7 @@ class Worker:
     """One attempt at one run: the ``LoadRun``'s hooks write the row from a single database
     thread (one connection), the report is written at the end whatever happened."""
 
-    def __init__(self, run: LoadTestRun, claim: Claim, *, echo=None) -> None:
+    def __init__(self, run: LoadTestRun, claim: Lease, *, echo=None) -> None:
         self.run, self.claim, self.echo = run, claim, echo
         self.db = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"loadtest-{run.pk}-db")
         # stop polls never wait behind a write (a step's records, a busy database)
@@ -382,9 +362,7 @@ def loadtests_tick() -> None:
     for run in LoadTestRun.objects.filter(state=State.RUNNING).only(*light):
         if not _alive(run):
             _worker_gone(run)
-    for pk, child in list(_children.items()):
-        if child.poll() is not None:
-            _children.pop(pk, None)
+    PROCESSES.reap(keep=lambda pk: False)
     if LoadTestRun.objects.filter(state=State.RUNNING).exists():
         return
     queued = LoadTestRun.objects.filter(state=State.QUEUED).order_by("created_at", "id")
@@ -396,17 +374,15 @@ def loadtests_tick() -> None:
 def _alive(run: LoadTestRun) -> bool:
     """The run's worker still works: it beat within ``LOADTEST_STALE_S``, and, when this loop
     started it, its process has not exited. A worker of ours that stopped beating is hung."""
-    child = _children.get(run.pk)
-    if child is not None and child.poll() is not None:
+    if PROCESSES.exited(run.pk):
         return False
-    beat = run.heartbeat_at or run.started_at
-    return beat is not None and (timezone.now() - beat).total_seconds() < settings.LOADTEST_STALE_S
+    return beat_is_fresh(run.heartbeat_at or run.started_at, settings.LOADTEST_STALE_S)
 
 
 def _worker_gone(run: LoadTestRun) -> None:
     """End the run (stopped, or failed after ``MAX_ATTEMPTS``) with the report of what it
     measured, or queue it again to resume after its last finished step."""
-    _kill(run.pk)
+    PROCESSES.kill(run.pk, grace_s=0)  # a worker of ours that no longer beats is hung
     rows = LoadTestRun.objects.filter(pk=run.pk, state=State.RUNNING, attempts=run.attempts)
     if run.stop_requested or run.attempts >= MAX_ATTEMPTS:
         why = "stopped" if run.stop_requested else f"its worker stopped {run.attempts} times"
@@ -424,36 +400,11 @@ def _worker_gone(run: LoadTestRun) -> None:
         run_tokens_revoke(run.pk)  # the dead attempt's token dies with it; the next mints anew
 
 
-def _kill(run_id: int) -> None:
-    """Stop a worker of ours that no longer beats (hung): its whole process group."""
-    child = _children.pop(run_id, None)
-    if child is None or child.poll() is not None:
-        return
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    child.wait(timeout=10)
-
-
 def _start(run: LoadTestRun) -> None:
     if not _claim(run.pk, pid=None):
         return
-    args = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "loadtestjob", str(run.pk)]
-    logfile = Path(settings.VAR_DIR) / "logs" / f"loadtest-{run.pk}.log"
-    logfile.parent.mkdir(parents=True, exist_ok=True)
-    env = child_environment()  # the same database as this process, as package jobs get
     try:
-        with open(logfile, "ab") as out:
-            child = subprocess.Popen(
-                args,
-                cwd=settings.BASE_DIR,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        child = PROCESSES.start(run.pk)  # the same database as this process (child_environment)
     except OSError as exc:
         LoadTestRun.objects.filter(pk=run.pk).update(
             state=State.FAILED,
@@ -461,5 +412,4 @@ def _start(run: LoadTestRun) -> None:
             finished_at=timezone.now(),
         )
         return
-    _children[run.pk] = child
     LoadTestRun.objects.filter(pk=run.pk).update(pid=child.pid)

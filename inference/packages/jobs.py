@@ -24,45 +24,23 @@ refers to.
 
 from __future__ import annotations
 
-import _thread
 import logging
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
-from django.db.models import F
+from django.db import close_old_connections
 from django.utils import timezone
 
+from console.lib.jobs import Heartbeat, Lease, ProcessRunner, beat_is_fresh, claim
 from inference.models import ModelPackage, PackageJob
 
 log = logging.getLogger(__name__)
 State = PackageJob.State
 MAX_ATTEMPTS = 3
-_children: dict[int, subprocess.Popen] = {}  # job id -> process this control loop started
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One run's hold on its job: the row while it is ``running`` with this run's attempt
-    number. Every write of a run goes through ``rows()``, so a run the control loop gave up on
-    (and queued again, or ended) cannot write over the next run or over the end."""
-
-    job_id: int
-    attempt: int
-
-    def rows(self):
-        return PackageJob.objects.filter(pk=self.job_id, state=State.RUNNING, attempts=self.attempt)
-
-    def holds(self) -> bool:
-        return self.rows().exists()
+PROCESSES = ProcessRunner("packagejob", "packagejob")  # the job processes this loop started
 
 
 class LostClaim(RuntimeError):
@@ -73,7 +51,7 @@ class Reporter:
     """What a job process tells its row: progress (0..1), a message, log lines. Writes are
     throttled to one per ``interval`` seconds (plus one at the end, in ``_finish``)."""
 
-    def __init__(self, job: PackageJob, claim: Claim, *, interval: float = 0.5) -> None:
+    def __init__(self, job: PackageJob, claim: Lease, *, interval: float = 0.5) -> None:
         self.claim = claim
         self.interval = interval
         self.lines: list[str] = [job.log] if job.log else []
@@ -119,19 +97,19 @@ def job_execute(job_id: int, *, claimed: bool = False) -> PackageJob:
         if not running.update(pid=os.getpid(), heartbeat_at=timezone.now()):
             return PackageJob.objects.get(pk=job.pk)  # cancelled before it began
     job.refresh_from_db()
-    claim = Claim(job.pk, job.attempts)
+    claim = Lease(PackageJob, job.pk, job.attempts)
     _run(job, claim, claimed=claimed)
     job.refresh_from_db()
     return job
 
 
-def _run(job: PackageJob, claim: Claim, *, claimed: bool) -> None:
+def _run(job: PackageJob, claim: Lease, *, claimed: bool) -> None:
     from inference.packages.services import package_store
 
     report = Reporter(job, claim)
     store = package_store()
     work = store.work_dir(f"job-{job.pk}")
-    beat = Heartbeat(claim, own_process_group=claimed)
+    beat = heartbeat(claim, own_process_group=claimed)
     beat.start()
     try:
         try:
@@ -156,17 +134,9 @@ def _run(job: PackageJob, claim: Claim, *, claimed: bool) -> None:
 
 
 def _claim(job_id: int, *, pid: int | None) -> bool:
-    """``queued`` -> ``running`` if nobody took it first; True when this caller did."""
-    now = timezone.now()
-    return bool(
-        PackageJob.objects.filter(pk=job_id, state=State.QUEUED, cancel_requested=False).update(
-            state=State.RUNNING,
-            pid=pid,
-            started_at=now,
-            heartbeat_at=now,
-            attempts=F("attempts") + 1,
-        )
-    )
+    """``queued`` -> ``running`` if nobody took it first (and no cancel was asked for); True
+    when this caller did."""
+    return claim(PackageJob, job_id, pid=pid, only_if={"cancel_requested": False})
 
 
 def _wait_for(job_id: int, poll: float = 1.0) -> PackageJob:
@@ -180,55 +150,15 @@ def _wait_for(job_id: int, poll: float = 1.0) -> PackageJob:
         time.sleep(poll)
 
 
-class Heartbeat:
-    """A thread that writes the run's ``heartbeat_at`` every ``PACKAGE_JOB_HEARTBEAT_S`` and
-    stops the run when a cancel is asked for or the run lost its claim: a process the control
-    loop started (``own_process_group``) gets SIGTERM to its group (with the node an
-    evaluation started), an in-process run an interrupt in its main thread (seen when it next
-    runs Python code)."""
-
-    def __init__(self, claim: Claim, *, own_process_group: bool = False) -> None:
-        self.claim = claim
-        self.own_process_group = own_process_group
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"job-{claim.job_id}-heartbeat", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(settings.PACKAGE_JOB_HEARTBEAT_S):
-                try:
-                    if not self._beat():
-                        self._stop_the_run()
-                        return
-                except Exception:  # a missed beat is not the job's failure; the next may land
-                    log.warning("job %s: heartbeat not written", self.claim.job_id, exc_info=True)
-        finally:
-            connection.close()
-
-    def _beat(self) -> bool:
-        """Write the beat; False when the run must stop (cancelled, or no longer its)."""
-        rows = self.claim.rows()
-        if not rows.update(heartbeat_at=timezone.now()):
-            return False
-        return not rows.filter(cancel_requested=True).exists()
-
-    def _stop_the_run(self) -> None:
-        if self._stop.is_set():
-            return
-        if self.own_process_group:
-            os.killpg(os.getpgrp(), signal.SIGTERM)
-        else:
-            _thread.interrupt_main()
+def heartbeat(lease: Lease, *, own_process_group: bool = False) -> Heartbeat:
+    """The attempt's heartbeat thread (``console.lib.jobs.Heartbeat``): every
+    ``PACKAGE_JOB_HEARTBEAT_S``; a cancel (``cancel_requested``) stops the attempt."""
+    return Heartbeat(
+        lease,
+        interval_s=settings.PACKAGE_JOB_HEARTBEAT_S,
+        cancel_field="cancel_requested",
+        own_process_group=own_process_group,
+    )
 
 
 def _finish(
@@ -412,13 +342,11 @@ def jobs_tick() -> None:
 
 def _watch(job: PackageJob) -> None:
     alive = _alive(job)
-    if job.cancel_requested and job.pk in _children:
-        _kill(job)
+    if job.cancel_requested and PROCESSES.started(job.pk):
+        PROCESSES.kill(job.pk)
         _clean_up(job, State.CANCELLED, "cancelled")
     elif not alive:
-        child = _children.pop(job.pk, None)
-        if child is not None:
-            child.poll()
+        PROCESSES.forget(job.pk)
         job.refresh_from_db()
         if job.finished:
             return
@@ -433,76 +361,28 @@ def _watch(job: PackageJob) -> None:
 def _reap() -> None:
     """Wait for job processes that ended (no zombies) once their job is no longer running."""
     running = set(PackageJob.objects.filter(state=State.RUNNING).values_list("pk", flat=True))
-    for pk, child in list(_children.items()):
-        if pk not in running and child.poll() is not None:
-            _children.pop(pk, None)
+    PROCESSES.reap(keep=lambda pk: pk in running)
 
 
 def _start(job: PackageJob) -> None:
     if not _claim(job.pk, pid=None):
         return  # cancelled, or claimed by an in-process run, meanwhile
-    args = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "packagejob", str(job.pk)]
-    logfile = Path(settings.VAR_DIR) / "logs" / f"packagejob-{job.pk}.log"
-    logfile.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(logfile, "ab") as out:
-            child = subprocess.Popen(
-                args,
-                cwd=settings.BASE_DIR,
-                env=child_environment(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: a cancel kills what it started
-            )
+        child = PROCESSES.start(job.pk)
     except OSError as exc:
         job.refresh_from_db()
         _clean_up(job, State.FAILED, f"the job process could not start: {exc}")
         return
-    _children[job.pk] = child
     PackageJob.objects.filter(pk=job.pk).update(pid=child.pid)
-
-
-def child_environment() -> dict[str, str]:
-    """This process's environment, with the SQLite file it is connected to (the same
-    database whatever ``PHALANX_HOME`` the child would derive; the test database in tests)."""
-    env = {**os.environ, "PHALANX_HOME": str(settings.VAR_DIR)}
-    if connection.vendor == "sqlite":
-        env["PHALANX_SQLITE"] = str(connection.settings_dict["NAME"])
-    return env
 
 
 def _alive(job: PackageJob) -> bool:
     """The job's process runs: a process this loop started is asked directly; any other
     (an in-process run, a process of an earlier control loop) by its heartbeat."""
-    child = _children.get(job.pk)
-    if child is not None:
-        return child.poll() is None
-    beat = job.heartbeat_at or job.started_at
-    if beat is None:
-        return False
-    return (timezone.now() - beat).total_seconds() < settings.PACKAGE_JOB_STALE_S
-
-
-def _kill(job: PackageJob, grace: float = 5.0) -> None:
-    """Stop the process group of a job this loop started: SIGTERM (the job unwinds), then
-    SIGKILL after ``grace`` seconds."""
-    child = _children.pop(job.pk, None)
-    if child is None:
-        return
-    try:
-        os.killpg(child.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    try:
-        child.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # what it started (a node) goes with it
-    except (ProcessLookupError, PermissionError):
-        pass
-    child.wait(timeout=5)
+    exited = PROCESSES.exited(job.pk)
+    if exited is not None:
+        return not exited
+    return beat_is_fresh(job.heartbeat_at or job.started_at, settings.PACKAGE_JOB_STALE_S)
 
 
 def _clean_up(job: PackageJob, state: str, why: str) -> None:
@@ -541,6 +421,6 @@ def _requeue(job: PackageJob, why: str) -> None:
 def jobs_shutdown() -> None:
     """Stop the job processes this control loop started and queue their jobs again (they run
     from the start when the loop is back)."""
-    for job in PackageJob.objects.filter(state=State.RUNNING, pk__in=list(_children)):
-        _kill(job)
+    for job in PackageJob.objects.filter(state=State.RUNNING, pk__in=list(PROCESSES.children)):
+        PROCESSES.kill(job.pk)
         _requeue(job, "interrupted by a control-loop shutdown; it will run again")

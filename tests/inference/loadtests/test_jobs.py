@@ -9,6 +9,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
+from console.lib.jobs import Lease
 from inference.loadtests import jobs
 from inference.loadtests.models import LoadTestRun, LoadTestSample
 from tests.inference.loadtests.synthetic import turn
@@ -199,9 +200,11 @@ def test_an_attempt_that_lost_its_run_mints_nothing():
 
     run = running(attempts=2)
     with pytest.raises(ClaimLost):
-        run_token_mint(run.pk, rows=jobs.Claim(run.pk, 1).rows())  # attempt 1 was given up on
+        run_token_mint(
+            run.pk, rows=Lease(LoadTestRun, run.pk, 1).rows()
+        )  # attempt 1 was given up on
     assert not ApiToken.objects.exists()
-    run_token_mint(run.pk, rows=jobs.Claim(run.pk, 2).rows())
+    run_token_mint(run.pk, rows=Lease(LoadTestRun, run.pk, 2).rows())
     assert LoadTestRun.objects.get(pk=run.pk).minted_tokens == [ApiToken.objects.get().pk]
 
 

@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from console.lib.errors import Conflict, Invalid
+from console.lib.jobs import Lease
 from console.models import AuditEntry
 from inference.models import ModelPackage, PackageJob
 from inference.packages import jobs, services
@@ -48,7 +49,7 @@ def package(name: str = "m", version: str = "1", status: str = "draft", **kw) ->
 
 
 def reporter(job: PackageJob) -> jobs.Reporter:
-    return jobs.Reporter(job, jobs.Claim(job.pk, job.attempts))
+    return jobs.Reporter(job, Lease(PackageJob, job.pk, job.attempts))
 
 
 def running_job(**kw) -> PackageJob:
@@ -164,7 +165,7 @@ def test_a_run_the_loop_gave_up_cannot_write_over_the_next_run(settings):
 def test_the_heartbeat_interrupts_a_job_that_is_cancelled(settings):
     settings.PACKAGE_JOB_HEARTBEAT_S = 0.05
     job = running_job()
-    beat = jobs.Heartbeat(jobs.Claim(job.pk, job.attempts))
+    beat = jobs.heartbeat(Lease(PackageJob, job.pk, job.attempts))
     beat.start()
     services.job_cancel(job_id=job.pk)
     with pytest.raises(KeyboardInterrupt):
