@@ -1,0 +1,123 @@
+"""The one job mechanism (``console.lib.jobs``), once, on SQLite (the embedded default) and on
+the machine's PostgreSQL (the scale-out mode): claimers racing for one job (exactly one
+wins), a lease that runs out (the given-up attempt writes nothing), a killed job process
+found dead by the process runner. The kinds' own tests (package jobs, load-test runs) cover
+their steps and hooks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from tests.support.processes import REPO
+
+PG = "postgresql://postgres@127.0.0.1:5432"
+
+# the checks, run in a process of their own against whatever database it is given
+CHECKS = textwrap.dedent(
+    """
+    import threading
+    from django.db import connection
+    from console.lib.jobs import Lease, claim
+    from inference.models import PackageJob
+
+    job = PackageJob.objects.create(kind="build", params={})
+    won, lost, start = [], [], threading.Barrier(8)
+
+    def race(pid):
+        start.wait()
+        try:
+            (won if claim(PackageJob, job.pk, pid=pid) else lost).append(pid)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=race, args=(p,)) for p in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    job.refresh_from_db()
+    print("winners", len(won), "losers", len(lost), "attempts", job.attempts, "state", job.state)
+
+    first = Lease(PackageJob, job.pk, job.attempts)
+    PackageJob.objects.filter(pk=job.pk).update(state="queued")  # the loop gave it up
+    assert claim(PackageJob, job.pk, pid=99)
+    job.refresh_from_db()
+    second = Lease(PackageJob, job.pk, job.attempts)
+    print("stale writes", first.rows().update(progress=0.5), "holds", first.holds(),
+          second.holds())
+    """
+)
+
+
+def run_checks(env: dict[str, str]) -> str:
+    manage = [sys.executable, "manage.py"]
+    full = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "console.settings"}
+    subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=full, check=True)
+    done = subprocess.run(
+        [*manage, "shell", "-v0", "-c", CHECKS], cwd=REPO, env=full, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+# every claimer got an answer (none failed on a lock), one won
+EXPECTED = "winners 1 losers 7 attempts 1 state running\nstale writes 0 holds False True\n"
+
+
+def test_on_sqlite_one_claimer_wins_and_a_given_up_lease_writes_nothing(tmp_path):
+    env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": ""}  # none: the embedded SQLite
+    assert run_checks(env) == EXPECTED
+
+
+@pytest.fixture
+def postgres_database():
+    """A fresh database on the machine's PostgreSQL (``.ci/run`` starts it), dropped after."""
+    import psycopg  # the scale extra, which make test installs
+
+    name = f"phalanx_jobs_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(f"{PG}/postgres", autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"no PostgreSQL at {PG} ({exc}): .ci/run starts the machine's own")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"{PG}/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_on_postgresql_one_claimer_wins_and_a_given_up_lease_writes_nothing(
+    tmp_path, postgres_database
+):
+    env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": postgres_database}
+    assert run_checks(env) == EXPECTED
+
+
+def test_a_dead_job_process_is_seen_and_a_kill_takes_its_whole_group(settings, tmp_path):
+    """``ProcessRunner`` starts ``manage.py <command> <id>`` in a process group of its own
+    (its output in ``var/logs``) and sees it exit; a kill ends what a job process started."""
+    import psutil
+
+    from console.lib.jobs import ProcessRunner
+
+    settings.VAR_DIR = tmp_path
+    runner = ProcessRunner("shell", "test-job")  # ``manage.py shell 7`` exits at once
+    runner.start(7).wait(timeout=60)
+    assert runner.exited(7) is True and (tmp_path / "logs" / "test-job-7.log").exists()
+    spawns = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    job = subprocess.Popen([sys.executable, "-c", spawns], start_new_session=True)
+    runner.children[8] = job  # as start() keeps it
+    assert runner.exited(8) is False
+    deadline = time.monotonic() + 10
+    while not psutil.Process(job.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (started,) = psutil.Process(job.pid).children()  # what the job process started
+    runner.kill(8, grace_s=0)
+    assert not runner.started(8) and job.poll() is not None
+    assert psutil.wait_procs([started], timeout=10)[1] == []  # gone with its group
