@@ -22,10 +22,9 @@ from typing import Any, TypeVar
 from django.db.models.signals import post_delete, post_save
 
 from console.lib.bare_http import db_thread
-from inference import model_names, tokens
+from inference import model_names, node_table, tokens
 from inference.models import ApiToken, ModelPackage, RoutingPolicy
-from nodes import selectors
-from nodes.selectors import PinnedCounts
+from inference.node_table import PinnedCounts
 
 TTL_S = 10.0
 PINNED_TTL_S = 5.0  # <= route_writer.KEEP_DONE_S: the ledger covers what the counts miss
@@ -115,9 +114,9 @@ def rollout_for(model: str) -> Any:
 
 
 def pinned_counts_cached() -> PinnedCounts:
-    """``nodes.selectors.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the
+    """``inference.node_table.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the
     route writer's ledger adds what this process pinned since (``pinned_delta``)."""
-    return _cached("pinned", "", selectors.pinned_counts, PINNED_TTL_S)
+    return _cached("pinned", "", node_table.pinned_counts, PINNED_TTL_S)
 
 
 for _model in (ApiToken, ModelPackage, RoutingPolicy):

@@ -29,6 +29,7 @@ from inference.control_plane_metrics import PROXY_NODE_REQUEST_ERRORS, PROXY_RET
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
 from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
 from inference.models import RoutingPolicy
+from inference.node_table import NodeTable, nodes_for_routing
 from inference.relay import (
     Upstream,
     broken_turns,
@@ -43,7 +44,6 @@ from inference.route_writer import route_writer
 from nodes import client as node_client
 from nodes import services as node_services
 from nodes.models import Node
-from nodes.selectors import NodeTable, nodes_for_routing
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from inference.errors import ArrayFull, NoHealthyNode
 from inference.model_names import package_named as package_named
 from inference.model_names import package_resolve as package_resolve
 from inference.models import RouteDecision, RoutingPolicy, SessionRoute
+from inference.node_table import NodeTable, nodes_for_routing
 from inference.routing import (
     Decision,
     Limits,
@@ -34,7 +35,6 @@ from inference.routing import (
 )
 from nodes import client as node_client
 from nodes.models import Node
-from nodes.selectors import NodeTable, nodes_for_routing
 
 # --- routing table --------------------------------------------------------------------------
 

@@ -167,7 +167,7 @@ class NotRestartable(ValueError):
 def node_request_restart(*, node_id: str, by: str) -> NodeEvent | None:
     """Ask the embedded array that started the node's agent (``Node.supervisor``, set by
     ``up``) to restart it: drain it now (no new session; pinned ones move at their next turn),
-    and ``up`` restarts the agent once no stream is in flight (``nodes.embedded.restarts_due``),
+    and ``up`` restarts the agent once no stream is in flight (``console.embedded.restarts_due``),
     then undrains it if this drained it. Returns the drain event, or None when the node was
     draining already or a restart is already asked for. Raises ``NotRestartable`` (an external
     or remote node: this array cannot signal a process it did not start) and

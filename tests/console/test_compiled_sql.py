@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from console.lib.compiled_sql import CompiledQuery, as_datetime
 from inference.models import ModelPackage, SessionRoute
+from inference.node_table import nodes_for_routing, pinned_counts
 from inference.services import route_read
 from nodes.models import Node
-from nodes.selectors import nodes_for_routing, pinned_counts
 
 pytestmark = pytest.mark.django_db
 

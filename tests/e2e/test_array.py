@@ -257,7 +257,7 @@ def test_another_array_never_takes_this_arrays_node(array, tmp_path) -> None:
     """A second control plane on the machine (its own home and node secret) is told this
     array's node address: its control loop refuses the node, and its proxy never reaches it."""
     setup = (
-        "from nodes.embedded import package_register_bundled\n"
+        "from console.embedded import package_register_bundled\n"
         "from tests.support.processes import bundled_model_path\n"
         "package_register_bundled(bundled_model_path())"
     )

@@ -14,11 +14,11 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from inference.models import ModelPackage, RoutingPolicy
+from inference.node_table import nodes_for_routing
 from inference.tokens import token_create
 from nodes import device_validation as dv
 from nodes.control import ControlLoop
 from nodes.models import Node, ValidationRun
-from nodes.selectors import nodes_for_routing
 from nodes.services import node_upsert
 from tests.fakenode import FakeNode
 from tests.support.validation import MACHINES, machine_report

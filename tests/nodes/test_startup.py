@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.embedded import nodes_mark_starting
 from inference.models import ModelPackage
 from nodes import validation_machines
-from nodes.embedded import nodes_mark_starting
 from nodes.models import Node, ValidationRun
 from nodes.startup import StartupWatch, schedule_s, validation_estimate
 from nodes.validation_machines import Placement

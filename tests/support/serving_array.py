@@ -18,7 +18,7 @@ from tests.support.processes import Proc, control_plane_at_home, spawn, start_no
 PACKAGE = "smollm2-135m-instruct-q4_1"
 FAST_LOOP = """
 from inference.models import RoutingPolicy
-from nodes.embedded import package_register_bundled
+from console.embedded import package_register_bundled
 from tests.support.processes import bundled_model_path
 policy = RoutingPolicy.load()
 policy.health_interval_s = 1.0

@@ -44,7 +44,7 @@ BROKEN_TEMPLATE = "{{ raise_exception('deliberately broken: tests/e2e/test_upgra
 SETUP = """
 from inference.models import ModelPackage, RoutingPolicy
 from inference.packages.services import package_approve, package_with_template
-from nodes.embedded import package_register_bundled
+from console.embedded import package_register_bundled
 from nodes.models import Node
 from tests.support.processes import bundled_model_path
 from tests.support.validation import mark_validated

@@ -1,4 +1,4 @@
-"""``manage.py bootstrap --nodes N``: the embedded array's inventory (see ``nodes.embedded``)."""
+"""``manage.py bootstrap --nodes N``: the embedded array's inventory (see ``console.embedded``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 
 from django.core.management.base import CommandError
 
+from console.embedded import ADMIN_USER, NODE_BASE_PORT, BootstrapResult, array_bootstrap
 from console.lib.commands import ArrayCommand
 from inference.tokens import ENV_TOKEN
-from nodes.embedded import ADMIN_USER, NODE_BASE_PORT, BootstrapResult, array_bootstrap
 
 
 def describe(result: BootstrapResult) -> list[str]:

@@ -18,11 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from inference.engine.scheduler import default_host_ram_mib
-from inference.models import RoutingPolicy
-from nodes.client import probe
-from nodes.control import ControlLoop
-from nodes.embedded import (
+from console.embedded import (
     NODE_HOST,
     Backoff,
     Supervisor,
@@ -38,6 +34,10 @@ from nodes.embedded import (
     restarts_due,
     wait_for_port,
 )
+from inference.engine.scheduler import default_host_ram_mib
+from inference.models import RoutingPolicy
+from nodes.client import probe
+from nodes.control import ControlLoop
 from nodes.management.commands.bootstrap import describe
 from nodes.services import node_record_restart
 from nodes.startup import StartupWatch, validation_estimate

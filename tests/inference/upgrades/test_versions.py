@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from inference import services
 from inference.models import ModelPackage, RoutingPolicy, SessionRoute
+from inference.node_table import nodes_for_routing
 from inference.routing import NodeView, Rollout, route_request, version_for_new_session
 from nodes.models import Node
-from nodes.selectors import nodes_for_routing
 
 M = "smol"
 

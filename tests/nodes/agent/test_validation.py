@@ -11,12 +11,12 @@ import time
 import httpx
 import pytest
 
+from inference.node_table import nodes_for_routing
 from nodes import device_validation as dv
 from nodes.control import ControlLoop
 from nodes.devices.host import LocalHost
 from nodes.devices.inventory import collect
 from nodes.models import Node, ValidationRun
-from nodes.selectors import nodes_for_routing
 from nodes.services import node_upsert
 from tests.support.processes import start_node
 from tests.support.validation import MACHINES

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
+from console import embedded
 from inference.models import ApiToken, ModelPackage
 from inference.tokens import token_authenticate
-from nodes import embedded
 from nodes.models import Node
 
 pytestmark = pytest.mark.django_db
