@@ -2,7 +2,7 @@
 
 Pure functions over plain data (no I/O), so every rule is unit-tested on synthetic curves.
 
-A **turn record** (one request, ``inference.loadtests.runner.TurnRecord.as_dict``)::
+A **turn record** (one request, ``inference.loadtests.turns.TurnRecord.as_dict``)::
 
     {"step": 0, "c": 4, "sid": "lt-7-s0-1", "turn": 2, "kind": "user" | "tool_result",
      "t": 12.3, "ttft": 0.081, "lat": 0.52, "ok": true, "error": "", "node": "node-01",

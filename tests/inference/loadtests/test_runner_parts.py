@@ -7,7 +7,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionChunk
 
-from inference.loadtests.runner import (
+from inference.loadtests.turns import (
     Reply,
     _take_chunk,
     _tool_message,
