@@ -6,9 +6,9 @@ within the request's deadline) is retried on another node (with backoff), bumpin
 node's failure counter when it was refused or timed out; a node's 500 for one request is that
 request's failure (``_refused``); a node marked down while the request waits (a stopped
 process) is given up. A session that moves off a live node (drain, rebalance) takes its KV
-along (export, import, erase); a session whose last turn broke on a node is kept off it. After
-the first byte the request is committed to its node: ``inference.relay`` relays and checks the
-answer.
+along (``inference.kv_move``: export, import, erase); a session whose last turn broke on a
+node is kept off it. After the first byte the request is committed to its node:
+``inference.relay`` relays and checks the answer.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from inference import lookups, services
 from inference.control_plane_metrics import PROXY_NODE_REQUEST_ERRORS, PROXY_RETRIES
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
 from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
+from inference.kv_move import kv_in_place
 from inference.models import RoutingPolicy
 from inference.node_table import NodeTable, nodes_for_routing
 from inference.relay import (
@@ -48,9 +49,6 @@ from nodes.models import Node
 log = logging.getLogger(__name__)
 
 _record_failure = db_thread(node_services.node_record_failure)
-_record_kv_move = db_thread(services.route_record_kv_move)
-
-KV_MOVE_TIMEOUT_S = 10.0  # export + import of one session's KV between two nodes
 MAX_BACKOFF_S = 1.0
 
 
@@ -219,63 +217,6 @@ async def _watched(
                 await task
 
 
-_kv_moves: dict[str, asyncio.Future[None]] = {}  # session id -> its KV move in flight
-
-
-async def _moving_kv(
-    target: services.RouteTarget, session_id: str, recorded: asyncio.Future[None] | None
-) -> None:
-    """``_move_kv``, announced in ``_kv_moves`` so that the session's concurrent turns wait
-    for it instead of starting the session afresh on the new node (its import would then be
-    refused)."""
-    move = asyncio.ensure_future(_move_kv(target, session_id, recorded))
-    _kv_moves[session_id] = move
-    try:
-        await asyncio.shield(move)
-    finally:
-        if _kv_moves.get(session_id) is move:
-            del _kv_moves[session_id]
-
-
-async def _move_kv(
-    target: services.RouteTarget, session_id: str, recorded: asyncio.Future[None] | None
-) -> None:
-    """Carry a moving session's KV from the node it leaves to its new node, then erase it there.
-
-    Best effort: any failure (nothing held, session busy, budget) means the new node prefills
-    from the transcript instead, which is always correct, only slower.
-    """
-    assert target.kv_source is not None and target.decision.previous is not None
-    source = target.decision.previous
-    try:
-        blob = await node_client.session_export(
-            target.kv_source, node_id=source, session_id=session_id, timeout=KV_MOVE_TIMEOUT_S
-        )
-        if blob is None:
-            return
-        imported = await node_client.session_import(
-            target.address,
-            node_id=target.node_id,
-            session_id=session_id,
-            blob=blob,
-            timeout=KV_MOVE_TIMEOUT_S,
-        )
-    except httpx.HTTPError as exc:
-        log.info("KV of %s not moved from %s: %s", session_id, source, exc)
-        return
-    await node_client.session_erase(
-        target.kv_source, node_id=source, session_id=session_id, timeout=2.0
-    )
-    if recorded is not None:
-        await asyncio.shield(recorded)  # the "moved" entry first, then "kv_moved"
-    await _record_kv_move(
-        session_id=session_id,
-        node_id=target.node_id,
-        reason=f"KV moved from {source} to {target.node_id}: "
-        f"{imported.get('tokens', '?')} tokens, {len(blob)} bytes",
-    )
-
-
 def _retry_after(response: httpx.Response, default: int) -> int:
     try:
         return max(1, int(float(response.headers.get("retry-after", default))))
@@ -353,22 +294,6 @@ async def upstream_open(
     )
 
 
-async def _kv_in_place(
-    target: services.RouteTarget, session_id: str | None, held: Any
-) -> tuple[Any, Any]:
-    """Before a turn is sent: a session moving to ``target`` has its KV moved there (the route
-    committed first: ``(recorded, None)``); a turn behind a concurrent move waits for it to land
-    (``(None, held)``)."""
-    if target.kv_source and session_id:
-        recorded = route_writer.commit(held)
-        await _moving_kv(target, session_id, recorded)
-        return recorded, None
-    if session_id in _kv_moves:  # a concurrent turn carries the KV: send after it lands
-        with contextlib.suppress(Exception):
-            await asyncio.shield(_kv_moves[session_id])
-    return None, held
-
-
 async def _attempt(
     target: services.RouteTarget,
     held: Any,
@@ -382,7 +307,7 @@ async def _attempt(
     """Send the request to ``target`` and wait for its first byte. Returns the open answer, or
     None after adding the node to ``exclude`` with the reason (the caller tries another).
     Raises ``NoHealthyNode`` (503 ``node_busy``) when the node a session sticks to is busy."""
-    recorded, held = await _kv_in_place(target, session_id, held)
+    recorded, held = await kv_in_place(target, session_id, held)
     inflight.acquire(target.node_id)
     try:
         response, rest, first = await _watched(
