@@ -303,14 +303,7 @@ def route_request(
         session, pinned = False, None
     current = next((n for n in pool if n.node_id == pinned), None)
     if current is not None:
-        busy = busy_for_request(current, limits)
-        if busy is not None:
-            raise Saturated(f"{current.node_id}, where the session is pinned, has {busy}")
-        if limits.strategy == STICK_AND_REBALANCE and may_move_for_load:
-            moved = _rebalance(current, pool, limits)
-            if moved is not None:
-                return moved
-        return Decision(current.node_id, Action.STUCK, f"stuck on {current.node_id}")
+        return _stay_on(current, pool, limits, may_move_for_load=may_move_for_load)
     if not pool:
         raise NoNodeAvailable(_no_node_message(nodes, model=model, exclude=excluded))
     check = full_for_session if session else busy_for_request
@@ -334,6 +327,22 @@ def route_request(
     return Decision(
         chosen.node_id, Action.MOVED, f"moved to {chosen.node_id}: {why}", previous=pinned
     )
+
+
+def _stay_on(
+    current: NodeView, pool: Sequence[NodeView], limits: Limits, *, may_move_for_load: bool
+) -> Decision:
+    """The decision for a session whose pinned node ``current`` is still a candidate: stuck
+    there, or moved for load (``STICK_AND_REBALANCE``, outside the cooldown). Raises
+    ``Saturated`` when ``current`` is at its open-request limit."""
+    busy = busy_for_request(current, limits)
+    if busy is not None:
+        raise Saturated(f"{current.node_id}, where the session is pinned, has {busy}")
+    if limits.strategy == STICK_AND_REBALANCE and may_move_for_load:
+        moved = _rebalance(current, pool, limits)
+        if moved is not None:
+            return moved
+    return Decision(current.node_id, Action.STUCK, f"stuck on {current.node_id}")
 
 
 def _no_node_message(nodes: Sequence[NodeView], *, model: str, exclude: Mapping[str, str]) -> str:
