@@ -257,6 +257,50 @@ def summary(turns: list[Turn], phase: str) -> dict:
     }
 
 
+async def build_q4km(array: Array) -> tuple[int, int, str]:
+    """Quantize Q4_K_M from the bundled Q4_1 and approve it over the gate: ``(source id,
+    Q4_K_M id, Q4_K_M key)``."""
+    built = await asyncio.to_thread(
+        array.manage, "package", "quantize", f"{MODEL}:1", "--type", "Q4_K_M"
+    )
+    q4km_key = built["result"]["package"]
+    q4km = await asyncio.to_thread(array.package_id, q4km_key)
+    await asyncio.to_thread(
+        array.approve_over_gate, q4km, "bench/upgrade.py: tool-call quality is issue 14's benchmark"
+    )
+    source = await asyncio.to_thread(array.package_id, f"{MODEL}:1")
+    return source, q4km, q4km_key
+
+
+async def broken_package(array: Array, home: Path, q4km_key: str) -> dict:
+    """A version of ``q4km_key`` whose chat template raises, approved over the gate (the
+    ``manage.py package template`` result: ``id``, ``key``)."""
+    template = home / "broken.jinja"
+    template.write_text(BROKEN_TEMPLATE)
+    broken = await asyncio.to_thread(
+        array.manage, "package", "template", q4km_key, "--file", str(template)
+    )
+    await asyncio.to_thread(
+        array.approve_over_gate,
+        broken["id"],
+        "bench/upgrade.py: deliberately broken, the upgrade's gates must catch it",
+    )
+    return broken
+
+
+async def timed_upgrade(
+    array: Array, from_id: int, to_id: int, settings: dict, timeout_s: float
+) -> tuple[dict, float]:
+    """Start an upgrade and follow it to its end: ``(the upgrade, seconds it took)``."""
+    started = time.monotonic()
+    upgrade = await asyncio.to_thread(
+        array.follow,
+        await asyncio.to_thread(array.upgrade, from_id, to_id, settings),
+        timeout_s,
+    )
+    return upgrade, time.monotonic() - started
+
+
 async def run(args, array: Array, home: Path) -> dict:
     traffic = Traffic()
     workers = [
@@ -270,15 +314,7 @@ async def run(args, array: Array, home: Path) -> dict:
 
     print("building Q4_K_M from the bundled Q4_1 (llama.cpp's quantizer)", flush=True)
     traffic.phase = "build"
-    built = await asyncio.to_thread(
-        array.manage, "package", "quantize", f"{MODEL}:1", "--type", "Q4_K_M"
-    )
-    q4km_key = built["result"]["package"]
-    q4km = await asyncio.to_thread(array.package_id, q4km_key)
-    await asyncio.to_thread(
-        array.approve_over_gate, q4km, "bench/upgrade.py: tool-call quality is issue 14's benchmark"
-    )
-    source = await asyncio.to_thread(array.package_id, f"{MODEL}:1")
+    source, q4km, q4km_key = await build_q4km(array)
     settings = {
         "bake_s": args.bake_s,
         "canary_share": 0.34,
@@ -287,37 +323,31 @@ async def run(args, array: Array, home: Path) -> dict:
     }
     print(f"upgrade 1: {MODEL}:1 -> {q4km_key}", flush=True)
     traffic.phase = "upgrade"
-    started = time.monotonic()
-    first = await asyncio.to_thread(
-        array.follow, await asyncio.to_thread(array.upgrade, source, q4km, settings), args.timeout_s
-    )
-    upgrade_s = time.monotonic() - started
+    first, upgrade_s = await timed_upgrade(array, source, q4km, settings, args.timeout_s)
 
-    template = home / "broken.jinja"
-    template.write_text(BROKEN_TEMPLATE)
-    broken = await asyncio.to_thread(
-        array.manage, "package", "template", q4km_key, "--file", str(template)
-    )
-    broken_id = broken["id"]
-    await asyncio.to_thread(
-        array.approve_over_gate,
-        broken_id,
-        "bench/upgrade.py: deliberately broken, the upgrade's gates must catch it",
-    )
+    broken = await broken_package(array, home, q4km_key)
     print(f"upgrade 2: {q4km_key} -> {broken['key']} (its chat template raises)", flush=True)
     traffic.phase = "broken"
-    started = time.monotonic()
-    second = await asyncio.to_thread(
-        array.follow,
-        await asyncio.to_thread(array.upgrade, q4km, broken_id, settings),
-        args.timeout_s,
-    )
-    rollback_s = time.monotonic() - started
+    second, rollback_s = await timed_upgrade(array, q4km, broken["id"], settings, args.timeout_s)
     traffic.phase = "after"
     await asyncio.sleep(args.after_s)
     traffic.stop = True
     await asyncio.gather(*workers)
     changed = await asyncio.to_thread(version_changes, home, traffic.sessions)
+    return result_of(
+        traffic,
+        sessions=args.sessions,
+        changed=changed,
+        upgrades=(first, upgrade_s, second, rollback_s),
+    )
+
+
+def result_of(
+    traffic: Traffic, *, sessions: int, changed: int, upgrades: tuple[dict, float, dict, float]
+) -> dict:
+    """The benchmark's result: the traffic's failures, cuts and P95s by phase, ``changed``
+    sessions, and ``upgrades`` (the Q4_K_M upgrade and its seconds, the broken one and its)."""
+    first, upgrade_s, second, rollback_s = upgrades
     phases = {
         p: summary(traffic.turns, p) for p in ("baseline", "build", "upgrade", "broken", "after")
     }
@@ -325,7 +355,7 @@ async def run(args, array: Array, home: Path) -> dict:
     base = phases["baseline"]["turn_p95_s"] or 1e-9
     return {
         "benchmark": "upgrade",
-        "sessions": args.sessions,
+        "sessions": sessions,
         "turns_total": len(traffic.turns),
         "failed_requests": sum(1 for t in traffic.turns if not t.ok),
         "streams_cut": sum(1 for t in traffic.turns if t.cut),
