@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import pytest
 
+from inference.routing import Rollout
 from tests.support.upgrade_array import (
     AgentTraffic,
     Turn,
+    canary_split,
     run_sessions,
     stints,
     upgrade_array,
@@ -97,32 +99,20 @@ def assert_no_session_changed_version(array, upgrade_id, turns, old, new) -> dic
 
 
 def test_it_rolls_an_upgrade_through_running_agent_sessions(array) -> None:
-    from inference.routing import Rollout, version_for_new_session
-
     old, new = current_and_other(array)
     traffic = AgentTraffic(array.url, array.token, prefix=f"roll-{new[-1]}").start()
     try:
         traffic.wait_turns(3)
         share = 0.5
-        upgrade_id = array.start_upgrade(
-            old,
-            new,
-            canary_share=share,
-            bake_s=6,
-            drain_timeout_s=90,
-            **QUIET_TTFT,
-        )
         # the first batch is up on the new version and takes the canary share of new sessions
-        array.wait_upgrade(upgrade_id, lambda u: u["new_share"] == share, what="the canary")
-        assert array.api("POST", f"/upgrades/{upgrade_id}/pause").status_code == 200
-        canary = array.wait_upgrade(upgrade_id, lambda u: u["state"] == "paused", what="paused")
+        upgrade_id, canary = array.start_paused_canary(
+            old, new, share=share, bake_s=6, drain_timeout_s=90, **QUIET_TTFT
+        )
         first_batch = [s["node_id"] for s in canary["nodes"] if s["batch"] == 0]
         assert [s["state"] for s in canary["nodes"] if s["batch"] == 0] == ["done"]
         rollout = Rollout(array.packages[old], array.packages[new], share)
         # new sessions land by the stable split of their ids: half of these on the new version
-        ids = [f"canary-{new[-1]}-{i}" for i in range(40)]
-        to_new = [i for i in ids if version_for_new_session(i, rollout) == rollout.new_package_id]
-        to_old = [i for i in ids if i not in to_new]
+        to_new, to_old = canary_split(rollout, prefix=f"canary-{new[-1]}")
         _wait_routing_sees_the_canary(array, rollout, first_batch[0])
         chosen = to_new[:4] + to_old[:4]
         canary_turns = run_sessions(array.url, array.token, chosen)
@@ -132,9 +122,7 @@ def test_it_rolls_an_upgrade_through_running_agent_sessions(array) -> None:
         assert {array.session(s)["package"] for s in to_new[:4]} == {new}
         assert {array.session(s)["package"] for s in to_old[:4]} == {old}
         assert array.api("POST", f"/upgrades/{upgrade_id}/resume").status_code == 200
-        done = array.wait_upgrade(
-            upgrade_id, lambda u: u["state"] in ("succeeded", "rolled_back", "failed"), what="end"
-        )
+        done = array.wait_upgrade_end(upgrade_id)
         traffic.wait_turns(len(traffic.turns_done) + 3)  # sessions go on after it
     finally:
         turns = traffic.stop()

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from inference.routing import Rollout, version_for_new_session
 from tests.support.processes import (
     Proc,
     control_plane_at_home,
@@ -118,6 +119,22 @@ class UpgradeArray:
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
+    def start_paused_canary(
+        self, from_key: str, to_key: str, *, share: float, **settings: float | str
+    ) -> tuple[int, dict[str, Any]]:
+        """Start an upgrade with canary share ``share``, wait for its first batch to take that
+        share of new sessions, and pause it there: ``(upgrade id, the paused upgrade)``."""
+        upgrade_id = self.start_upgrade(from_key, to_key, canary_share=share, **settings)
+        self.wait_upgrade(upgrade_id, lambda u: u["new_share"] == share, what="the canary")
+        assert self.api("POST", f"/upgrades/{upgrade_id}/pause").status_code == 200
+        return upgrade_id, self.wait_upgrade(
+            upgrade_id, lambda u: u["state"] == "paused", what="paused"
+        )
+
+    def wait_upgrade_end(self, upgrade_id: int) -> dict[str, Any]:
+        """``wait_upgrade`` until the upgrade ends (succeeded, rolled back or failed)."""
+        return self.wait_upgrade(upgrade_id, lambda u: u["state"] in TERMINAL, what="end")
+
     def upgrade(self, upgrade_id: int) -> dict[str, Any]:
         return self.api("GET", f"/upgrades/{upgrade_id}").json()
 
@@ -180,6 +197,14 @@ class UpgradeArray:
         from urllib.parse import quote
 
         return self.api("GET", f"/sessions/{quote(session_id, safe='')}").json()
+
+
+def canary_split(rollout: Rollout, prefix: str, count: int = 40) -> tuple[list[str], list[str]]:
+    """``count`` new session ids ``{prefix}-{i}`` split by the rollout's stable split of ids:
+    ``(those sent to the new version, those sent to the old)``."""
+    ids = [f"{prefix}-{i}" for i in range(count)]
+    to_new = [i for i in ids if version_for_new_session(i, rollout) == rollout.new_package_id]
+    return to_new, [i for i in ids if i not in to_new]
 
 
 def serving_and_measured(nodes: dict[str, dict[str, Any]]) -> bool:
