@@ -1,10 +1,12 @@
-"""Changes to the node inventory: probe results, failures seen by the proxy, drain, register."""
+"""Changes to the node inventory: probe results, failures seen by the proxy, drain, register,
+and what an upgrade changes on a node (the package it serves, its weight)."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
 
+from console.lib.audit import acting_as, audit_record, diff
 from nodes.client import ProbeResult
 from nodes.live import live_node_changed
 from nodes.models import Node, NodeEvent
@@ -243,3 +245,71 @@ def node_upsert(
         node.weight_measured = weight_measured
     node.save()
     return node, False
+
+
+@transaction.atomic
+def node_record_package_switch(
+    *,
+    node_id: str,
+    package_id: int,
+    served_name: str,
+    settings: dict[str, int] | None,
+    by: str,
+) -> NodeEvent:
+    """Record that the node serves package ``package_id`` now, as ``served_name`` (the name
+    clients ask for), with the engine ``settings`` it took (``threads`` is its own field; the
+    others merge into ``engine_settings``, kept for its restarts). Logs a ``switched`` event by
+    ``by`` ("upgrade 3"), audits the change as ``by`` (``node.switch``) and tells open console
+    pages. Raises ``Node.DoesNotExist`` for an unknown id."""
+    node = Node.objects.select_for_update().select_related("package").get(node_id=node_id)
+    before = _switch_fields(node)
+    node.package_id, node.served_name = package_id, served_name
+    settings = dict(settings or {})
+    if "threads" in settings:
+        node.threads = settings.pop("threads")
+    if settings:
+        node.engine_settings = {**(node.engine_settings or {}), **settings}
+    node.save(update_fields=["package", "served_name", "threads", "engine_settings"])
+    key = node.package.key if node.package_id else None
+    event = NodeEvent.objects.create(
+        node=node,
+        kind=NodeEvent.Kind.SWITCHED,
+        message=f"switched by {by}: serves {key} as {served_name}",
+        actor=by[:150],
+    )
+    with acting_as(by):
+        audit_record(
+            action="node.switch", target=node_id, changes=diff(before, _switch_fields(node))
+        )
+    live_node_changed(node_id=node_id, event=event)
+    return event
+
+
+def _switch_fields(node: Node) -> dict[str, object]:
+    package = node.package.key if node.package_id and node.package else None
+    return {
+        "package": package,
+        "served_name": node.served_name,
+        "threads": node.threads,
+        "engine_settings": node.engine_settings or {},
+    }
+
+
+@transaction.atomic
+def node_set_weight(*, node_id: str, weight: float, by: str) -> None:
+    """Set the node's routing weight (0: standby, spare capacity that takes no traffic), as
+    ``by`` ("upgrade 3": a surge node takes traffic on the new version, then is spare again);
+    audited as ``by`` (``node.update``) and told to open console pages when it changed. Unknown
+    ids are ignored (the node may have been removed meanwhile)."""
+    node = Node.objects.select_for_update().filter(node_id=node_id).first()
+    if node is None or node.weight == weight:
+        return
+    before, node.weight = node.weight, weight
+    node.save(update_fields=["weight"])
+    with acting_as(by):
+        audit_record(
+            action="node.update",
+            target=node_id,
+            changes=diff({"weight": before}, {"weight": weight}),
+        )
+    live_node_changed(node_id=node_id)

@@ -1,7 +1,7 @@
 """How an upgrade's steps are recorded and how it ends: a gate's verdict (its row in
-``Upgrade.gates`` and a line of the event log), a rollback, the end of the upgrade. Shared by
-the driver (``inference.upgrades.driver``) and the bake (``inference.upgrades.bake``); the
-caller saves the row."""
+``Upgrade.gates`` and a line of the event log), a rollback, the end of the upgrade, and who
+acts on a node for it. Shared by the driver (``inference.upgrades.driver``) and the bake
+(``inference.upgrades.bake``); the caller saves the row."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from inference.models import Upgrade
 from inference.upgrades.services import upgrade_event
-from nodes.models import Node
+from nodes import services as node_services
 
 State = Upgrade.State
 MARKS = {"pass": "passed", "fail": "FAILED", "skipped": "skipped"}
@@ -37,13 +37,20 @@ def roll_back(upgrade: Upgrade, why: str) -> None:
     upgrade_event(upgrade, "rollback", f"rolling back: {why}")
 
 
+def actor(upgrade: Upgrade) -> str:
+    """Who acts on a node for ``upgrade``, as its node events and audit entries say:
+    ``"upgrade 3"``."""
+    return f"upgrade {upgrade.pk}"
+
+
 def finish(upgrade: Upgrade, state: str, why: str) -> None:
     """End the upgrade as ``state`` (succeeded, rolled_back, failed) saying ``why``; its surge
     nodes are standby again (weight 0, on whichever version they serve)."""
     upgrade.state, upgrade.finished_at, upgrade.phase = state, timezone.now(), ""
     surged = [s["node_id"] for s in upgrade.nodes if s.get("surge")]
     if surged:
-        Node.objects.filter(node_id__in=surged).update(weight=0.0)
+        for node_id in surged:
+            node_services.node_set_weight(node_id=node_id, weight=0.0, by=actor(upgrade))
         upgrade_event(upgrade, "surge_end", f"standby again: {', '.join(surged)}")
     if state == State.SUCCEEDED:
         upgrade.new_share = 1.0

@@ -68,6 +68,33 @@ def upgrade_start(
 
     old, new = package_get(from_package_id), package_get(to_package_id)
     node_settings = _checked_node_settings(node_settings, new)
+    _check_rollable(old, new, node_settings)
+    chosen = _chosen_settings(settings)
+    model, nodes = _nodes_to_upgrade(old, model)
+    if Upgrade.objects.select_for_update().filter(model=model, state__in=ACTIVE).exists():
+        raise Conflict(f"An upgrade of {model!r} is under way.", code="upgrade_exists")
+    upgrade = Upgrade.objects.create(
+        model=model,
+        from_package=old,
+        to_package=new,
+        settings=chosen,
+        node_settings=node_settings,
+        nodes=_plan_steps(nodes, int(chosen["max_unavailable"])),
+        created_by=current_actor()[:150],
+    )
+    upgrade_event(upgrade, "planned", _plan_sentence(upgrade))
+    audit_record(
+        action="upgrade.start",
+        target=f"upgrade {upgrade.pk}",
+        changes=[f"{model}: {old.key} \u2192 {new.key}"]
+        + [f"{k}: {_shown(v)}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
+    )
+    return upgrade
+
+
+def _check_rollable(old: ModelPackage, new: ModelPackage, node_settings: dict[str, int]) -> None:
+    """Raises ``Conflict`` unless ``new`` may replace ``old``: another version (or the same
+    with new ``node_settings``), approved, with a chat template."""
     if old.pk == new.pk and not node_settings:
         raise Conflict(
             f"{old.key} is already what those nodes serve (give node_settings to roll new "
@@ -87,10 +114,20 @@ def upgrade_start(
             code="package_completion_only",
             field="to_package_id",
         )
+
+
+def _chosen_settings(given: dict[str, Any] | None) -> dict[str, Any]:
+    """``plan.settings_with_defaults``; raises ``Invalid`` naming ``settings.<key>``."""
     try:
-        chosen = plan.settings_with_defaults(settings)
+        return plan.settings_with_defaults(given)
     except plan.BadSettings as exc:
         raise Invalid(f"settings.{exc}", field=f"settings.{exc.field}") from exc
+
+
+def _nodes_to_upgrade(old: ModelPackage, model: str | None) -> tuple[str, list[Node]]:
+    """``(model, nodes)``: the name clients ask for (given, else the one the nodes of ``old``
+    serve now, else ``old``'s name) and the nodes serving ``old`` as it. Raises ``Conflict``
+    when there is none or one of them is down."""
     served = Node.objects.filter(package=old).select_related("package")
     model = (model or "").strip() or next((n.model_name for n in served), old.name)
     nodes = nodes_serving(old, model)
@@ -104,26 +141,7 @@ def upgrade_start(
             "before upgrading.",
             code="node_down",
         )
-    if Upgrade.objects.select_for_update().filter(model=model, state__in=ACTIVE).exists():
-        raise Conflict(f"An upgrade of {model!r} is under way.", code="upgrade_exists")
-    steps = _plan_steps(nodes, int(chosen["max_unavailable"]))
-    upgrade = Upgrade.objects.create(
-        model=model,
-        from_package=old,
-        to_package=new,
-        settings=chosen,
-        node_settings=node_settings,
-        nodes=steps,
-        created_by=current_actor()[:150],
-    )
-    upgrade_event(upgrade, "planned", _plan_sentence(upgrade))
-    audit_record(
-        action="upgrade.start",
-        target=f"upgrade {upgrade.pk}",
-        changes=[f"{model}: {old.key} \u2192 {new.key}"]
-        + [f"{k}: {_shown(v)}" for k, v in chosen.items() if v != plan.DEFAULTS[k]],
-    )
-    return upgrade
+    return model, nodes
 
 
 def _shown(value: Any) -> str:
