@@ -5,12 +5,22 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
-from console import loadtest_pages, upgrade_pages, validation_pages, views
+from console import (
+    config_pages,
+    loadtest_pages,
+    node_pages,
+    package_pages,
+    playground_pages,
+    routing_pages,
+    token_pages,
+    upgrade_pages,
+    validation_pages,
+)
 
 app_name = "console"
 
 urlpatterns = [
-    path("", views.overview, name="overview"),
+    path("", node_pages.overview, name="overview"),
     path(
         "login/",
         auth_views.LoginView.as_view(
@@ -19,16 +29,20 @@ urlpatterns = [
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(next_page="console:login"), name="logout"),
-    path("nodes/", views.nodes, name="nodes"),
-    path("nodes/<slug:node_id>/", views.node, name="node"),
-    path("nodes/<slug:node_id>/edit/", views.node_edit, name="node_edit"),
-    path("nodes/<slug:node_id>/remove/", views.node_remove, name="node_remove"),
-    path("nodes/<slug:node_id>/drain/", views.node_drain, name="node_drain"),
-    path("nodes/<slug:node_id>/undrain/", views.node_undrain, name="node_undrain"),
-    path("nodes/<slug:node_id>/restart/", views.node_restart, name="node_restart"),
-    path("packages/", views.packages, name="packages"),
-    path("packages/<int:package_id>/", views.package, name="package"),
-    path("packages/<int:package_id>/<slug:action>/", views.package_action, name="package_action"),
+    path("nodes/", node_pages.nodes, name="nodes"),
+    path("nodes/<slug:node_id>/", node_pages.node, name="node"),
+    path("nodes/<slug:node_id>/edit/", node_pages.node_edit, name="node_edit"),
+    path("nodes/<slug:node_id>/remove/", node_pages.node_remove, name="node_remove"),
+    path("nodes/<slug:node_id>/drain/", node_pages.node_drain, name="node_drain"),
+    path("nodes/<slug:node_id>/undrain/", node_pages.node_undrain, name="node_undrain"),
+    path("nodes/<slug:node_id>/restart/", node_pages.node_restart, name="node_restart"),
+    path("packages/", package_pages.packages, name="packages"),
+    path("packages/<int:package_id>/", package_pages.package, name="package"),
+    path(
+        "packages/<int:package_id>/<slug:action>/",
+        package_pages.package_action,
+        name="package_action",
+    ),
     path("upgrades/", upgrade_pages.upgrades, name="upgrades"),
     path("upgrades/<int:upgrade_id>/", upgrade_pages.upgrade, name="upgrade"),
     path(
@@ -56,17 +70,19 @@ urlpatterns = [
         validation_pages.validation_waive,
         name="validation_waive",
     ),
-    path("routing/", views.routing, name="routing"),
-    path("routing/table/", views.routing_table, name="routing_table"),
-    re_path(r"^sessions/(?P<session_id>[^/]+)/$", views.session, name="session"),
+    path("routing/", routing_pages.routing, name="routing"),
+    path("routing/table/", routing_pages.routing_table, name="routing_table"),
+    re_path(r"^sessions/(?P<session_id>[^/]+)/$", routing_pages.session, name="session"),
     re_path(
-        r"^sessions/(?P<session_id>[^/]+)/release/$", views.session_release, name="session_release"
+        r"^sessions/(?P<session_id>[^/]+)/release/$",
+        routing_pages.session_release,
+        name="session_release",
     ),
-    path("utilization/", views.utilization, name="utilization"),
-    path("playground/", views.playground, name="playground"),
-    path("tokens/", views.tokens, name="tokens"),
-    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
-    path("config/", views.config, name="config"),
-    path("config/phalanx.yaml", views.config_download, name="config_download"),
-    path("audit/", views.audit, name="audit"),
+    path("utilization/", node_pages.utilization, name="utilization"),
+    path("playground/", playground_pages.playground, name="playground"),
+    path("tokens/", token_pages.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", token_pages.token_revoke, name="token_revoke"),
+    path("config/", config_pages.config, name="config"),
+    path("config/phalanx.yaml", config_pages.config_download, name="config_download"),
+    path("audit/", config_pages.audit, name="audit"),
 ]

@@ -1,5 +1,7 @@
-"""Reads for the console pages and the admin API: the array at a glance, a node, packages with
-what their GGUF file says, the routing table and a session's decision log."""
+"""Reads that compose the console pages (and a few the admin API shares): the array at a
+glance, a node, packages with what their GGUF file says, a session's decision log, tokens and
+the audit log. A question a feature owns is asked by the feature's selectors
+(``inference.selectors``, ``nodes.selectors``) and composed here."""
 
 from __future__ import annotations
 
@@ -13,15 +15,8 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Q
 
 from console.models import ArrayConfig, AuditEntry
-from inference.models import (
-    ApiToken,
-    ModelPackage,
-    PackageJob,
-    RouteDecision,
-    RoutingPolicy,
-    SessionRoute,
-)
-from inference.selectors import served_models
+from inference.models import ApiToken, ModelPackage, PackageJob, SessionRoute
+from inference.selectors import served_models, session_route
 from nodes.models import Node, NodeEvent
 from nodes.selectors import nodes_status
 
@@ -201,29 +196,17 @@ def node_detail(node_id: str, *, page: int | str | None = 1) -> dict[str, Any] |
     }
 
 
-def routing_table(limit: int = 200) -> list[SessionRoute]:
-    """The newest ``limit`` session routes with node and package."""
-    return list(SessionRoute.objects.select_related("node", "package")[:limit])
-
-
 def session_detail(session_id: str) -> dict[str, Any] | None:
-    """A session's route and decision log, or None when unknown."""
-    route = (
-        SessionRoute.objects.select_related("node", "package").filter(session_id=session_id).first()
-    )
+    """A session's route and decision log (oldest first), or None when unknown."""
+    route = session_route(session_id=session_id)
     if route is None:
         return None
-    decisions = list(RouteDecision.objects.filter(route=route))
-    return {"route": route, "decisions": decisions}
+    return {"route": route, "decisions": list(route.decisions.all())}
 
 
 def tokens() -> list[ApiToken]:
     """Every API token with its role row and creator."""
     return list(ApiToken.objects.select_related("console_role", "created_by"))
-
-
-def policy() -> RoutingPolicy:
-    return RoutingPolicy.load()
 
 
 def audit_entries(*, limit: int = 200, action: str | None = None) -> list[AuditEntry]:
