@@ -95,15 +95,17 @@ def _bad_input(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 
 from console.api_config import router as config_router  # noqa: E402
+from console.api_tokens import router as tokens_router  # noqa: E402
 from inference.api import router as inference_router  # noqa: E402
-from inference.api_loadtests import router as loadtests_router  # noqa: E402
-from inference.api_packages import router as packages_router  # noqa: E402
-from inference.api_upgrades import router as upgrades_router  # noqa: E402
+from inference.loadtests.api import router as loadtests_router  # noqa: E402
+from inference.packages.api import router as packages_router  # noqa: E402
+from inference.upgrades.api import router as upgrades_router  # noqa: E402
 from nodes.api import router as nodes_router  # noqa: E402
 from nodes.api_validation import router as validation_router  # noqa: E402
 
 api.add_router("/", nodes_router)
 api.add_router("/", packages_router)
+api.add_router("/", tokens_router)
 api.add_router("/", upgrades_router)
 api.add_router("/", loadtests_router)
 api.add_router("/", validation_router)

@@ -18,8 +18,8 @@ from console.lib.access import role_required
 from console.lib.errors import ConsoleError
 from console.models import Role
 from console.views import _form_error, _render
-from inference.api_loadtests import profile_path, run_out
 from inference.loadtests import analysis, services
+from inference.loadtests.api import profile_path, run_out
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun
 
 

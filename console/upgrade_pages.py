@@ -17,9 +17,9 @@ from console.lib.access import role_required
 from console.lib.errors import ConsoleError, NotFound
 from console.models import Role
 from console.views import _form_error, _render
-from inference.api_upgrades import override_reason, upgrade_out
 from inference.models import ModelPackage, Upgrade
 from inference.upgrades import services
+from inference.upgrades.api import override_reason, upgrade_out
 
 STATE_COLOURS = {
     "pending": "grey",

@@ -104,7 +104,7 @@ def job_execute(job_id: int, *, claimed: bool = False) -> PackageJob:
 
 
 def _run(job: PackageJob, claim: Lease, *, claimed: bool) -> None:
-    from inference.packages.services import package_store
+    from inference.packages.intake import package_store
 
     report = Reporter(job, claim)
     store = package_store()
@@ -190,7 +190,7 @@ def _finish(
 
 def _after_failure(job: PackageJob, why: str) -> None:
     """An evaluation that ended without a verdict puts its version back where it was."""
-    from inference.packages.services import package_evaluation_ended
+    from inference.packages.status_moves import package_evaluation_ended
 
     if job.kind == PackageJob.Kind.EVALUATE and job.package_id:
         job.refresh_from_db(fields=["params"])
@@ -208,6 +208,7 @@ def _after_failure(job: PackageJob, why: str) -> None:
 
 def _run_import(job: PackageJob, report: Reporter, work: Path):
     from inference.packages import services
+    from inference.packages.import_paths import check_import_path
     from inference.packages.sources import fetch_gguf
 
     params = job.params
@@ -227,7 +228,7 @@ def _run_import(job: PackageJob, report: Reporter, work: Path):
             "checked_against": fetched.checked_against or "none listed",
         }
     else:
-        path = services.check_import_path(params["path"])  # again: it may lead elsewhere now
+        path = check_import_path(params["path"])  # again: it may lead elsewhere now
         source = {"kind": "import", "from": f"file {params['path']}"}
     report(0.6, "storing and reading the GGUF")
     imported = services.package_import_file(
@@ -246,6 +247,7 @@ def _run_import(job: PackageJob, report: Reporter, work: Path):
 def _run_build(job: PackageJob, report: Reporter, work: Path):
     from inference.packages import services
     from inference.packages.build import build_quantized
+    from inference.packages.naming import next_version
 
     source = job.package
     assert source is not None
@@ -267,7 +269,7 @@ def _run_build(job: PackageJob, report: Reporter, work: Path):
         source=source,
         path=out,
         name=params["name"],
-        version=params.get("version") or services.next_version(params["name"]),
+        version=params.get("version") or next_version(params["name"]),
         report=summary,
     )
     if built.mostly_fell_back:
@@ -388,8 +390,8 @@ def _alive(job: PackageJob) -> bool:
 def _clean_up(job: PackageJob, state: str, why: str) -> None:
     """End a job whose process is gone: its row (unless it wrote its own end), its scratch
     space, and stored files nothing refers to that are old enough to be abandoned."""
+    from inference.packages.intake import package_store
     from inference.packages.retention import sha256_in_use
-    from inference.packages.services import package_store
 
     ended = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
         state=state,
@@ -406,7 +408,7 @@ def _clean_up(job: PackageJob, state: str, why: str) -> None:
 
 
 def _requeue(job: PackageJob, why: str) -> None:
-    from inference.packages.services import package_store
+    from inference.packages.intake import package_store
 
     package_store().discard_work(f"job-{job.pk}")
     PackageJob.objects.filter(pk=job.pk, state=State.RUNNING).update(

@@ -1,5 +1,9 @@
-"""The package lifecycle: import, derive with a chat template, queue builds and evaluations,
-apply the gate, approve, reject, retire. Every change is audited (``console.lib.audit``).
+"""The package lifecycle's operations, as pages, the API and commands call them: import a
+file, derive a version with a chat template, register a build, queue builds, evaluations and
+imports, record an evaluation under the gate, approve, reject, retire, delete, cancel a job.
+Every change is audited (``console.lib.audit``). What they are made of lives beside them:
+getting a GGUF into the store (``intake.py``), version names (``naming.py``), status moves
+(``status_moves.py``), a family's gate limits and baseline (``gate_policy.py``).
 
 Errors (``console.lib.errors``): ``Invalid`` (a field, 422), ``BadFile`` (not a GGUF, 400),
 ``NotFound``, ``Conflict`` (a status move that is not allowed, a version that exists, a
@@ -8,39 +12,36 @@ package that may not be deployed: 409).
 
 from __future__ import annotations
 
-import re
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
 from console.lib.audit import audit_record
 from console.lib.errors import Conflict, Invalid, NotFound
-from inference.model_names import QUANT_SUFFIX as QUANT_SUFFIX
-from inference.model_names import family_of as family_of
-from inference.models import ModelPackage, PackageJob, PackagePolicy
+from inference.model_names import family_of
+from inference.models import ModelPackage, PackageJob
 from inference.packages import gate as gates
-from inference.packages.import_paths import (
-    ImportPath,
-    check_import_path,
-    open_import,
-    readable_path,
+from inference.packages.gate_policy import approved_baseline, policy_for
+from inference.packages.import_paths import check_import_path
+from inference.packages.intake import (
+    check_magic,
+    open_source,
+    package_store,
+    scratch_space,
+    store_source,
+    with_template,
 )
+from inference.packages.naming import check_name, check_version_free, next_version
 from inference.packages.registry import BadFile, check_chat_template
 from inference.packages.registry import register as _register
 from inference.packages.registry import stored_fields as _stored_fields
 from inference.packages.retention import file_unused, unless_registered
-from inference.packages.store import PackageStore, Stored
-
-__all__ = ["check_import_path", "unless_registered"]  # re-exported: callers import them here
+from inference.packages.status_moves import package_evaluation_ended, status_move
+from inference.packages.store import Stored
 
 Status = ModelPackage.Status
 
@@ -54,26 +55,11 @@ class Imported:
     warnings: list[str] = field(default_factory=list)
 
 
-def package_store() -> PackageStore:
-    """The store under ``PHALANX_HOME/packages``."""
-    return PackageStore(Path(settings.VAR_DIR) / "packages")
-
-
 def package_get(package_id: int) -> ModelPackage:
     package = ModelPackage.objects.filter(pk=package_id).first()
     if package is None:
         raise NotFound(f"No package {package_id}.", code="package_not_found")
     return package
-
-
-def next_version(name: str) -> str:
-    """``"1"`` for a new name, else one more than the highest numeric version."""
-    numbers = [
-        int(v)
-        for v in ModelPackage.objects.filter(name=name).values_list("version", flat=True)
-        if re.fullmatch(r"[0-9]{1,18}", v)
-    ]
-    return str(max(numbers, default=0) + 1)
 
 
 def _read_facts(path: Path):
@@ -83,27 +69,6 @@ def _read_facts(path: Path):
         return read_facts(path)
     except NotGguf as exc:
         raise BadFile(str(exc)) from exc
-
-
-VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def check_name(name: str, version: str) -> None:
-    """Raise ``Invalid`` naming the field when ``name`` or ``version`` breaks the rules."""
-    if not VERSION.fullmatch(version):
-        raise Invalid(
-            "version: letters, digits, '.', '_' and '-' (at most 64), starting with a letter "
-            "or digit.",
-            field="version",
-        )
-    probe = ModelPackage(name=name, version=version, gguf_path="x", sha256="0" * 64)
-    from django.core.exceptions import ValidationError
-
-    try:
-        probe.full_clean(validate_unique=False, validate_constraints=False)
-    except ValidationError as exc:
-        field, messages = next(iter(exc.message_dict.items()))
-        raise Invalid(f"{field}: {messages[0]}", field=field) from exc
 
 
 def package_import_file(
@@ -128,11 +93,11 @@ def package_import_file(
     Raises ``BadFile``, ``Invalid``, ``Conflict`` (name:version exists with another file).
     """
     store = package_store()
-    with _open_source(path) as handle:
-        _check_magic(handle, path)
+    with open_source(path) as handle:
+        check_magic(handle, path)
         version = version or next_version(name)
         check_name(name, version)
-        stored, template_source = _store_source(store, path, handle, chat_template, workdir)
+        stored, template_source = store_source(store, path, handle, chat_template, workdir)
     warnings: list[str] = []
     with unless_registered(stored, store):
         facts = _read_facts(stored.path)  # the stored bytes, not a source that may change
@@ -156,90 +121,6 @@ def package_import_file(
     return Imported(package, created, warnings)
 
 
-def _open_source(path: Path) -> BinaryIO:
-    """``path`` opened for reading: through ``open_import`` when it is an operator's path."""
-    if isinstance(path, ImportPath):
-        return open_import(path)
-    try:
-        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
-    except OSError as exc:
-        raise BadFile(f"{Path(path).name} cannot be read: {exc.strerror or exc}.") from exc
-
-
-def _store_source(
-    store: PackageStore,
-    path: Path,
-    handle: BinaryIO,
-    chat_template: str | None,
-    workdir: Path | None,
-) -> tuple[Stored, str]:
-    """The source in the store (held), with ``chat_template`` written in when given."""
-    if chat_template is None or not chat_template.strip():
-        if store.holds(path) and not isinstance(path, ImportPath):
-            return _stored_already(store, path), ModelPackage.TemplateSource.GGUF
-        return store.add_file(handle), ModelPackage.TemplateSource.GGUF
-    with _scratch(workdir) as scratch:
-        readable = Path(path) if not isinstance(path, ImportPath) else readable_path(handle)
-        if readable is None:  # no /proc: read the open file into scratch first
-            readable = scratch / "source.gguf"
-            with open(readable, "wb") as out:
-                shutil.copyfileobj(handle, out, 1 << 20)
-        templated = _with_template(readable, chat_template, scratch)
-        return store.add_file(templated), ModelPackage.TemplateSource.OPERATOR
-
-
-GGUF_MAGIC = b"GGUF"
-
-
-def _stored_already(store: PackageStore, path: Path) -> Stored:
-    try:
-        return store.stored(path)
-    except ValueError as exc:
-        raise BadFile(str(exc)) from exc
-
-
-def _check_magic(handle: BinaryIO, path: Path) -> None:
-    """Raise ``BadFile`` unless ``handle`` starts like a GGUF (before copying a byte of it);
-    it is left at its start. The message does not quote the file's bytes: the path may name
-    any file on the host."""
-    try:
-        first = handle.read(4)
-        handle.seek(0)
-    except OSError as exc:
-        raise BadFile(f"{Path(path).name} cannot be read: {exc.strerror or exc}.") from exc
-    if first != GGUF_MAGIC:
-        raise BadFile(
-            f"{Path(path).name} is not a GGUF file (a GGUF file starts with {GGUF_MAGIC!r})."
-        )
-
-
-@contextmanager
-def _scratch(workdir: Path | None) -> Iterator[Path]:
-    """``workdir`` when given (a job's, removed by the job), else a fresh directory of its
-    own under the store's ``work/``, removed afterwards."""
-    if workdir is not None:
-        yield workdir
-        return
-    root = package_store().root / "work"
-    root.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="scratch-", dir=root))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _with_template(path: Path, template: str, scratch: Path) -> Path:
-    from inference.packages.gguf_files import NotGguf, write_with_chat_template
-
-    target = scratch / "with-template.gguf"
-    try:
-        write_with_chat_template(path, target, template)
-    except NotGguf as exc:
-        raise BadFile(str(exc)) from exc
-    return target
-
-
 def package_with_template(
     *, package_id: int, chat_template: str, version: str | None = None
 ) -> ModelPackage:
@@ -253,8 +134,8 @@ def package_with_template(
     version = version or next_version(source.name)
     check_name(source.name, version)
     store = package_store()
-    with store.hold(source.sha256), _scratch(None) as scratch:  # the source stays meanwhile
-        stored = store.add_file(_with_template(Path(source.gguf_path), chat_template, scratch))
+    with store.hold(source.sha256), scratch_space(None) as scratch:  # the source stays meanwhile
+        stored = store.add_file(with_template(Path(source.gguf_path), chat_template, scratch))
     with unless_registered(stored, store):
         facts = _read_facts(stored.path)
         package = _register_with_template(source, stored, facts, version)
@@ -305,26 +186,6 @@ def package_register_built(
     return package
 
 
-# --- status ---------------------------------------------------------------------------------
-
-
-def _move(package: ModelPackage, to: str, reason: str = "") -> ModelPackage:
-    if to not in ModelPackage.STATUS_MOVES[package.status]:
-        raise Conflict(
-            f"{package.key} is {package.status}; it cannot become {to}.", code="package_status"
-        )
-    before = package.status
-    package.status = to
-    package.status_reason = reason
-    package.save(update_fields=["status", "status_reason"])
-    audit_record(
-        action=f"package.{to}",
-        target=package.key,
-        changes=[f"status: {before} \u2192 {to}"] + ([f"reason: {reason}"] if reason else []),
-    )
-    return package
-
-
 def package_mark_evaluating(package: ModelPackage) -> str:
     """Move ``package`` to ``evaluating`` while an evaluation job runs (from draft or
     rejected); returns the status it had, which ``package_evaluation_ended`` restores when the
@@ -332,19 +193,8 @@ def package_mark_evaluating(package: ModelPackage) -> str:
     version."""
     before = package.status
     if before != Status.EVALUATING:
-        _move(package, Status.EVALUATING)
+        status_move(package, Status.EVALUATING)
     return before
-
-
-def package_evaluation_ended(*, package_id: int, status_before: str, why: str) -> None:
-    """An evaluation stopped without a verdict (failed, cancelled, partial): the version goes
-    back to ``status_before`` (draft or rejected), audited, unless someone moved it
-    meanwhile."""
-    package = ModelPackage.objects.filter(pk=package_id).first()
-    if package is None or package.status != Status.EVALUATING:
-        return
-    back = status_before if status_before in (Status.DRAFT, Status.REJECTED) else Status.DRAFT
-    _move(package, back, why)
 
 
 @transaction.atomic
@@ -363,7 +213,7 @@ def package_approve(*, package_id: int, override_reason: str = "") -> ModelPacka
             code="gate_not_passed",
         )
     reason = "gate passed" if passed else f"override: {override_reason.strip()}"
-    return _move(package, Status.APPROVED, reason)
+    return status_move(package, Status.APPROVED, reason)
 
 
 @transaction.atomic
@@ -371,7 +221,7 @@ def package_reject(*, package_id: int, reason: str) -> ModelPackage:
     """Reject a version by hand. Raises ``Invalid`` (no reason), ``Conflict``."""
     if not reason.strip():
         raise Invalid("reason: say why the version is rejected.", field="reason")
-    return _move(package_get(package_id), Status.REJECTED, reason.strip())
+    return status_move(package_get(package_id), Status.REJECTED, reason.strip())
 
 
 @transaction.atomic
@@ -381,7 +231,7 @@ def package_retire(*, package_id: int) -> ModelPackage:
     package = package_get(package_id)
     if package.nodes.exists():
         raise Conflict(f"{package.key} is served by nodes; move them first.", code="package_in_use")
-    return _move(package, Status.RETIRED)
+    return status_move(package, Status.RETIRED)
 
 
 def package_delete(*, package_id: int) -> None:
@@ -438,29 +288,6 @@ def package_check_deployable(package: ModelPackage) -> None:
 # --- gate -----------------------------------------------------------------------------------
 
 
-def policy_for(family: str) -> gates.Policy:
-    row = PackagePolicy.objects.filter(family=family).first()
-    if row is None:
-        return gates.Policy()
-    return gates.Policy(
-        min_tool_accuracy=row.min_tool_accuracy,
-        min_schema_valid=row.min_schema_valid,
-        max_regression=row.max_regression,
-        max_perplexity_increase=row.max_perplexity_increase,
-    )
-
-
-def approved_baseline(package: ModelPackage) -> ModelPackage | None:
-    """The family's newest approved version other than ``package`` (with an evaluation)."""
-    return (
-        ModelPackage.objects.filter(family=package.family, status=Status.APPROVED)
-        .exclude(pk=package.pk)
-        .exclude(evaluation=None)
-        .order_by("-created_at", "-id")
-        .first()
-    )
-
-
 @transaction.atomic
 def package_record_evaluation(
     *,
@@ -499,31 +326,9 @@ def package_record_evaluation(
         package_evaluation_ended(package_id=package.pk, status_before=status_before, why=summary)
     elif package.status in (Status.DRAFT, Status.EVALUATING):
         if package.status == Status.DRAFT:
-            _move(package, Status.EVALUATING)
-        _move(package, Status.APPROVED if result.passed else Status.REJECTED, summary)
+            status_move(package, Status.EVALUATING)
+        status_move(package, Status.APPROVED if result.passed else Status.REJECTED, summary)
     return result
-
-
-def policy_update(*, family: str, changes: dict[str, float]) -> PackagePolicy:
-    """Set some limits of ``family``'s gate. Raises ``Invalid`` for a bad value."""
-    from django.core.exceptions import ValidationError
-
-    row, _ = PackagePolicy.objects.get_or_create(family=family)
-    before = {k: getattr(row, k) for k in changes}
-    for key, value in changes.items():
-        setattr(row, key, value)
-    try:
-        row.full_clean()
-    except ValidationError as exc:
-        field, messages = next(iter(exc.message_dict.items()))
-        raise Invalid(f"{field}: {messages[0]}", field=field) from exc
-    row.save()
-    audit_record(
-        action="package.policy",
-        target=family,
-        changes=[f"{k}: {before[k]} \u2192 {v}" for k, v in changes.items() if before[k] != v],
-    )
-    return row
 
 
 # --- jobs -----------------------------------------------------------------------------------
@@ -567,7 +372,7 @@ def package_build_enqueue(
         raise Invalid("method: 'f16' (dequantize first) or 'requantize'.", field="method")
     name = name or f"{family_of(source.name)}-{quantization.lower()}"
     check_name(name, version or "1")
-    _check_version_free(name, version)
+    check_version_free(name, version)
     return job_enqueue(
         kind=PackageJob.Kind.BUILD,
         package=source,
@@ -609,7 +414,7 @@ def package_import_enqueue(
     else:
         _check_requirement(requirement)
     check_name(name, version or "1")
-    _check_version_free(name, version)
+    check_version_free(name, version)
     params = {"name": name, "version": version, "path": path, "requirement": requirement}
     if chat_template:
         check_chat_template(chat_template)
@@ -624,16 +429,6 @@ def _check_requirement(requirement: str) -> None:
         check_requirement(requirement)
     except SourceError as exc:
         raise Invalid(f"requirement: {exc}.", field="requirement") from exc
-
-
-def _check_version_free(name: str, version: str | None) -> None:
-    """Raise ``Conflict`` now, rather than when a job ends, if ``name:version`` exists."""
-    if version and ModelPackage.objects.filter(name=name, version=version).exists():
-        raise Conflict(
-            f"{name}:{version} exists; a new file is a new version.",
-            code="package_conflict",
-            field="version",
-        )
 
 
 def job_cancel(*, job_id: int) -> PackageJob:

@@ -201,7 +201,7 @@ class PackageStore:
         writer or reader holds, and partial writes; both only when untouched for
         ``older_than_s`` seconds (a partial write has no hold; a process of an older release
         may not take one). Returns what was removed. Failed and cancelled jobs clean up their
-        own outputs (``services.unless_registered``); this sweeps what a killed process left."""
+        own outputs (``retention.unless_registered``); this sweeps what a killed process left."""
         cutoff = time.time() - older_than_s
         removed = []
         for path in sorted((self.root / "sha256").glob("*/*.gguf")):

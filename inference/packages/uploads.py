@@ -6,7 +6,7 @@ plane's memory, sent by anyone before they are authenticated. A part is an ordin
 body, bounded like every other by ``MAX_REQUEST_BODY_BYTES`` (8 MiB; ``console/lib/body_limit.py``),
 so memory per request stays bounded and each part is authenticated before it is written.
 
-The protocol (``inference/api_packages.py``; the page's upload uses it, as does any client):
+The protocol (``inference/packages/api.py``; the page's upload uses it, as does any client):
 
 1. ``upload_begin`` (name, version, size, sha256) -> an upload id and the part size;
 2. ``upload_append`` (offset, bytes), repeated: a part is written at the end of what arrived;
@@ -40,8 +40,11 @@ from django.conf import settings
 from console.lib.errors import Conflict, ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage
 from inference.packages import services
+from inference.packages.intake import GGUF_MAGIC, package_store
+from inference.packages.naming import check_name
 from inference.packages.registry import BadFile
-from inference.packages.services import GGUF_MAGIC, Imported
+from inference.packages.retention import unless_registered
+from inference.packages.services import Imported
 
 STALE_AFTER_S = 24 * 3600
 UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
@@ -80,7 +83,7 @@ def part_bytes() -> int:
 
 
 def _root() -> Path:
-    return services.package_store().root / "incoming" / "uploads"
+    return package_store().root / "incoming" / "uploads"
 
 
 def _dir(upload_id: str) -> Path:
@@ -128,7 +131,7 @@ def upload_begin(
     sha256 that is not 64 hex digits), ``Conflict`` (``name:version`` exists with another
     file), ``InsufficientStorage`` (the disk has less room than ``size`` beside the uploads under
     way)."""
-    services.check_name(name, version or "1")
+    check_name(name, version or "1")
     sha256 = sha256.strip().lower()
     if sha256 and not SHA256.fullmatch(sha256):
         raise Invalid("sha256: 64 hexadecimal digits.", field="sha256")
@@ -238,8 +241,8 @@ def upload_finish(*, upload_id: str) -> Imported:
 
 
 def _import(upload: Upload, data: Path) -> Imported:
-    store = services.package_store()
-    with services.unless_registered(store.adopt(data), store) as stored:
+    store = package_store()
+    with unless_registered(store.adopt(data), store) as stored:
         if upload.sha256 and upload.sha256 != stored.sha256:
             raise BadFile(
                 f"the upload's sha256 is {stored.sha256}, not the {upload.sha256} it was "

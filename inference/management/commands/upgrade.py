@@ -14,10 +14,10 @@ from django.core.management.base import CommandError
 from console.lib.audit import acting_as
 from console.lib.commands import ArrayCommand
 from console.lib.errors import ConsoleError
-from inference.api_upgrades import upgrade_out
 from inference.management.commands.package import _package
 from inference.models import Upgrade
 from inference.upgrades import driver, services
+from inference.upgrades.api import upgrade_out
 
 SETTING_FLAGS = ("max_unavailable", "canary_share", "bake_s", "drain_timeout_s", "switch_timeout_s")
 

