@@ -25,9 +25,11 @@ import time
 
 from harness import bundled_model_path, emit
 
+from inference.engine.config import EngineConfig
 from inference.engine.prompt import ChatFormatter
+from inference.engine.request import Finished, Request
 from inference.engine.sampling import SamplingParams
-from inference.engine.scheduler import Engine, EngineConfig, Finished, Request
+from inference.engine.scheduler import Engine
 
 TOOL_RESULT = (
     '{"flights": [{"id": "TP1234", "from": "OSL", "to": "LIS", "departs": "08:15", '

@@ -11,198 +11,38 @@ Design after llama.cpp's ``tools/server`` (slots, one shared batch per step); ou
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from inference.engine import kv_blob, kv_layout
+from inference.engine.config import EngineConfig
+from inference.engine.decode_step import DecodeStep
+from inference.engine.host_store import HostStore
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
-from inference.engine.sampling import Sampler, SamplingParams
-from inference.engine.sequences import HostStore, Sequence, SequenceTable, common_prefix_len
-from inference.engine.speculation import MAX_DRAFT, draft_pays, draft_tokens
+from inference.engine.request import Failed, PromptTooLong, QueueFull, Request
+from inference.engine.sampling import Sampler
+from inference.engine.sequences import Sequence, SequenceTable
+from inference.engine.speculation import MAX_DRAFT
+from inference.engine.stats import EngineStats
 from inference.engine.text import TextAssembler
+from inference.engine.token_prefix import common_prefix_len
 
 log = logging.getLogger(__name__)
 
 # A queued request waits for an in-flight prefill when it would share at least this many more
 # tokens with it than with anything cached (one prefill chunk is about 1 s on two cores).
 SHARE_WAIT_MIN_TOKENS = 64
-# A request whose drafts stopped paying tries again after this many steps without drafting.
-REPROBE_AFTER_STEPS = 16
 # Under speculate "auto" a node drafts only when decoding 1 + MAX_DRAFT tokens of a sequence
 # costs at most this many one-token steps: a draft accepted half the time then pays.
 DRAFT_MAX_STEP_COST = 1 + MAX_DRAFT / 2
 
 
-HOST_RAM_SHARE = 0.25  # of the memory available when the node starts, for idle sessions' KV
-HOST_RAM_FLOOR_MIB = 256
-
-
-def default_host_ram_mib(available_bytes: int, *, nodes_on_machine: int = 1) -> int:
-    """The host-RAM budget (MiB) for idle sessions' KV when the operator sets none:
-    ``HOST_RAM_SHARE`` of ``available_bytes`` (``psutil.virtual_memory().available``) split
-    evenly among the node agents on the machine, at least ``HOST_RAM_FLOOR_MIB``.
-
-    llama.cpp's own server keeps a host-memory prompt cache of 8 GiB by default
-    (``--cache-ram``); a share of what is free scales with the machine instead. An agent
-    session of 1,500 tokens on SmolLM2-135M (f16 K/V) is about 34 MiB, so 24 GiB free gives
-    each of two nodes 3 GiB, about 90 sessions each."""
-    share = int(available_bytes * HOST_RAM_SHARE / max(1, nodes_on_machine)) >> 20
-    return max(HOST_RAM_FLOOR_MIB, share)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Node settings that size the engine. Memory: ``sequences * ctx_per_seq`` KV cells."""
-
-    model_path: str
-    sequences: int = 8
-    ctx_per_seq: int = 2048
-    n_batch: int = 512
-    prefill_chunk: int = 256
-    threads: int = 1
-    host_ram_mib: int = 256
-    max_queue: int = 64
-    prefix_reuse: bool = True
-    kv_unified: bool | None = False  # None: the faster layout, timed at load (kv_layout)
-    kv_type: str = "f16"  # K and V cache type: "f16" or "q8_0" (llama.KV_TYPES)
-    flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.FLASH_ATTN)
-    # speculative decoding by prompt lookup (inference.engine.speculation): "auto" drafts when
-    # the step cost measured at load says a draft accepted half the time pays, and then only
-    # for requests whose drafts pay; "on" always drafts; "off" never
-    speculate: str = "auto"
-    # drafts only while a step decodes at most this many tokens (requests' own plus drafts)
-    draft_batch_limit: int = 8
-
-
-class QueueFull(RuntimeError):
-    """The node's queue is at its bound; answer 503 with Retry-After."""
-
-
-class PromptTooLong(ValueError):
-    """Prompt plus max_tokens does not fit the per-sequence context."""
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    """Last event of a request. ``finish_reason``: stop, length or cancelled."""
-
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    timings: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The request failed; ``client_error`` when its own content was at fault (a grammar
-    llama.cpp refused), so the node answers it as a bad request, not as its own failure."""
-
-    message: str
-    client_error: bool = False
-
-
-EngineEvent = TextDelta | Finished | Failed
-_ids = itertools.count(1)
-
-
-@dataclass(eq=False)
-class Request:
-    """One generation. ``sink`` receives ``EngineEvent``s on the engine thread."""
-
-    prompt: list[int]
-    params: SamplingParams
-    sink: Callable[[EngineEvent], None]
-    session_id: str | None = None
-    speculate: bool = True  # False: one token per step, never a draft (device benchmarks)
-    id: int = field(default_factory=lambda: next(_ids))
-    cancelled: bool = False
-    # Filled in by the engine.
-    seq: Sequence | None = None
-    sampler: Sampler | None = None
-    assembler: TextAssembler | None = None
-    pending: list[int] = field(default_factory=list)
-    last_token: int = -1
-    cached_tokens: int = 0
-    generated: int = 0
-    drafted: int = 0  # prompt-lookup draft tokens decoded for it
-    accepted: int = 0  # of those, the ones the model confirmed
-    draft_steps: int = 0  # steps that decoded a draft for it
-    draft_produced: int = 0  # tokens those steps generated (1 + accepted each)
-    draft_skips: int = 0  # steps it did not draft because drafting did not pay
-    enqueued_at: float = field(default_factory=time.perf_counter)
-    kv_swap_s: float = 0.0  # acquiring its sequence: spilling a victim, restoring from host
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-
-    @property
-    def prefilling(self) -> bool:
-        return bool(self.pending)
-
-
-class RateWindow:
-    """Tokens per second over the last ``seconds`` of steps."""
-
-    def __init__(self, seconds: float = 10.0) -> None:
-        self.seconds = seconds
-        self._events: collections.deque[tuple[float, int]] = collections.deque()
-
-    def add(self, count: int, now: float) -> None:
-        if count:
-            self._events.append((now, count))
-
-    def rate(self, now: float) -> float:
-        while self._events and self._events[0][0] < now - self.seconds:
-            self._events.popleft()
-        return sum(c for _, c in self._events) / self.seconds
-
-
-class SpeedMeter:
-    """Prefill speed: prompt tokens per second of the steps that prefilled, as an exponential
-    moving average (weight ``alpha`` per step); 0.0 until a step of at least ``min_tokens``.
-    Unlike ``RateWindow`` (throughput, 0 when idle) it says how fast the node *can* prefill,
-    which the control plane uses for a request's first-byte deadline."""
-
-    def __init__(self, *, alpha: float = 0.2, min_tokens: int = 16) -> None:
-        self.alpha = alpha
-        self.min_tokens = min_tokens
-        self.value = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        if tokens < self.min_tokens or seconds <= 0:
-            return
-        speed = tokens / seconds
-        self.value = speed if not self.value else self.value + self.alpha * (speed - self.value)
-
-
-@dataclass
-class EngineStats:
-    requests_total: int = 0
-    prompt_tokens_total: int = 0
-    cached_prompt_tokens_total: int = 0
-    generated_tokens_total: int = 0
-    restored_from_host_total: int = 0
-    cancelled_total: int = 0
-    draft_tokens_total: int = 0
-    draft_accepted_total: int = 0
-    prefill_rate: RateWindow = field(default_factory=RateWindow)
-    decode_rate: RateWindow = field(default_factory=RateWindow)
-    prefill_speed: SpeedMeter = field(default_factory=SpeedMeter)
-
-
-class Engine:
+class Engine(DecodeStep):
     """Owns the model and context; ``start()`` loads them on the engine thread."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -467,195 +307,6 @@ class Engine:
         self.stats.prompt_tokens_total += len(req.prompt)
         self.stats.cached_prompt_tokens_total += cached
         self._active.append(req)
-
-    def _step(self) -> None:
-        assert self.ctx is not None
-        batch = self.ctx.batch
-        batch.clear()
-        to_sample: list[tuple[Request, int]] = []
-        decoding = [r for r in self._active if not r.prefilling]
-        drafts = self._drafts(decoding)
-        verify: list[tuple[Request, list[int], list[int]]] = []
-        for req in decoding:
-            seq = req.seq
-            pos = len(seq.tokens)
-            draft = drafts.get(req.id, [])
-            indices = [batch.add(req.last_token, pos, seq.seq_id, True)]
-            indices += [batch.add(t, pos + 1 + k, seq.seq_id, True) for k, t in enumerate(draft)]
-            verify.append((req, draft, indices))
-        chunks = self._add_prefill_chunks(to_sample)
-        started = time.perf_counter()
-        try:
-            self.ctx.decode()
-        except LlamaError as exc:
-            for req in list(self._active):
-                req.sink(Failed(str(exc)))
-                self._finish(req, "error", notify=False)
-            return
-        now = time.perf_counter()
-        for req, chunk in chunks:
-            req.seq.tokens.extend(chunk)
-        prefilled = sum(len(c) for _, c in chunks)
-        self.stats.prefill_rate.add(prefilled, now)
-        self.stats.prefill_speed.add(prefilled, now - started)
-        decoded = sum(self._verify(req, draft, indices) for req, draft, indices in verify)
-        self.stats.decode_rate.add(decoded, now)
-        for req, index in to_sample:
-            self._on_token(req, self.ctx.sample(req.sampler.ptr, index))
-
-    def _drafts(self, decoding: list[Request]) -> dict[int, list[int]]:
-        """Prompt-lookup drafts for this step, by request id, while the step decodes at most
-        ``draft_batch_limit`` tokens (drafting pays while a step is bound by reading the
-        weights, not by arithmetic: a few sequences, not a full batch)."""
-        drafts: dict[int, list[int]] = {}
-        if not self.drafting:
-            return drafts
-        room = min(self.config.draft_batch_limit, self.ctx.batch.capacity) - len(decoding)
-        for req in decoding:
-            if room <= 0:
-                break
-            left = min(
-                req.params.max_tokens - req.generated - 1,
-                self.config.ctx_per_seq - len(req.seq.tokens) - 2,
-                room,
-            )
-            if left <= 0 or not req.speculate:
-                continue
-            if not self._may_draft(req, 1):  # not even one token pays: skip the lookup
-                continue
-            draft = draft_tokens([*req.seq.tokens, req.last_token], max_draft=min(MAX_DRAFT, left))
-            if draft and self._may_draft(req, len(draft)):
-                drafts[req.id] = draft
-                room -= len(draft)
-        return drafts
-
-    def _may_draft(self, req: Request, draft_len: int) -> bool:
-        """``draft_pays`` for ``req`` (always True under speculate "on"); a request whose drafts
-        stopped paying is probed afresh after ``REPROBE_AFTER_STEPS`` steps (its output may turn
-        from prose to echoed JSON)."""
-        if self.config.speculate == "on" or draft_pays(
-            produced=req.draft_produced,
-            steps=req.draft_steps,
-            draft_len=draft_len,
-            step_cost=self.draft_step_cost,
-        ):
-            return True
-        req.draft_skips += 1
-        if req.draft_skips >= REPROBE_AFTER_STEPS:
-            req.draft_steps = req.draft_produced = req.draft_skips = 0
-        return False
-
-    def _verify(self, req: Request, draft: list[int], indices: list[int]) -> int:
-        """Sample the request's next token and each draft position in turn, keeping drafted
-        tokens while the model picks them; the KV cells of the rest are dropped. Returns the
-        tokens generated. With no draft this is one ordinary sample."""
-        seq = req.seq
-        seq.tokens.append(req.last_token)
-        if draft:  # counted first: a token below may finish the request and report them
-            req.drafted += len(draft)
-            self.stats.draft_tokens_total += len(draft)
-        produced = 0
-        for k, index in enumerate(indices):
-            token = self.ctx.sample(req.sampler.ptr, index)
-            produced += 1
-            self._on_token(req, token)
-            confirmed = k < len(draft) and token == draft[k]
-            if req not in self._active or not confirmed:
-                break
-            seq.tokens.append(token)  # its KV is in the cache: it was decoded as draft[k]
-            req.accepted += 1
-        if draft:
-            req.draft_steps += 1
-            req.draft_produced += produced
-            self.stats.draft_accepted_total += produced - 1
-            self.ctx.seq_truncate(seq.seq_id, len(seq.tokens))
-        return produced
-
-    def _add_prefill_chunks(
-        self, to_sample: list[tuple[Request, int]]
-    ) -> list[tuple[Request, list[int]]]:
-        """Append prompt chunks to the batch, oldest request first; returns what was added."""
-        batch = self.ctx.batch
-        added = []
-        for req in [r for r in self._active if r.prefilling]:
-            take = min(batch.room, self.config.prefill_chunk, len(req.pending))
-            if take <= 0:
-                break
-            chunk, req.pending = req.pending[:take], req.pending[take:]
-            start = len(req.seq.tokens)
-            for offset, token in enumerate(chunk):
-                is_last = not req.pending and offset == take - 1
-                index = batch.add(token, start + offset, req.seq.seq_id, is_last)
-            if not req.pending:
-                to_sample.append((req, index))
-            added.append((req, chunk))
-        return added
-
-    def _on_token(self, req: Request, token: int) -> None:
-        assert self.model is not None
-        if not req.first_token_at:
-            req.first_token_at = time.perf_counter()
-        if self.model.is_eog(token):
-            self._finish(req, "stop")
-            return
-        req.generated += 1
-        self.stats.generated_tokens_total += 1
-        delta = req.assembler.push(self.model.piece(token))
-        if delta:
-            req.sink(TextDelta(delta))
-        if req.assembler.stopped:
-            self._finish(req, "stop")
-        elif (
-            req.generated >= req.params.max_tokens
-            or len(req.seq.tokens) + 1 >= self.config.ctx_per_seq
-        ):
-            self._finish(req, "length")
-        else:
-            req.last_token = token
-
-    def _finish(self, req: Request, reason: str, *, notify: bool = True) -> None:
-        tail = req.assembler.finish() if req.assembler else ""
-        if tail and notify and reason != "cancelled":
-            req.sink(TextDelta(tail))
-        if req.sampler:
-            req.sampler.close()
-        if req.seq is not None:
-            self.table.release(req.seq)
-        if req in self._active:
-            self._active.remove(req)
-        if notify:
-            req.sink(self._finished_event(req, reason))
-
-    def _finished_event(self, req: Request, reason: str) -> Finished:
-        end = time.perf_counter()
-        first = req.first_token_at or end
-        decode_s = end - first
-        timings = {
-            "queue_ms": round((req.admitted_at - req.enqueued_at) * 1000, 2),
-            "prompt_tokens": len(req.prompt),
-            "cached_tokens": req.cached_tokens,
-            "prefill_tokens": len(req.prompt) - req.cached_tokens,
-            "ttft_ms": round((first - req.enqueued_at) * 1000, 2),
-            # where the time to first token went: waiting for a sequence (queue_ms, which
-            # includes kv_swap_ms), then prefilling beside other requests' steps (prefill_ms)
-            "kv_swap_ms": round(req.kv_swap_s * 1000, 2),
-            "prefill_ms": round((first - req.admitted_at) * 1000, 2) if req.admitted_at else 0.0,
-            "decode_tokens_per_s": round((req.generated - 1) / decode_s, 2)
-            if req.generated > 1 and decode_s > 0
-            else 0.0,
-            "total_ms": round((end - req.enqueued_at) * 1000, 2),
-            "draft_tokens": req.drafted,
-            "draft_accepted": req.accepted,
-            "draft_acceptance": round(req.accepted / req.drafted, 3) if req.drafted else 0.0,
-        }
-        return Finished(
-            text=req.assembler.text if req.assembler else "",
-            finish_reason=reason,
-            prompt_tokens=len(req.prompt),
-            cached_tokens=req.cached_tokens,
-            completion_tokens=req.generated,
-            timings=timings,
-        )
 
     # Snapshot for /metrics and /slots (read from other threads; plain ints) -------------
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.chat_request import decode_json, parse_chat_request
-from inference.engine.scheduler import Engine, Failed, Finished, QueueFull, TextDelta
-from inference.engine.sequences import SessionBusy, pack_state, unpack_state
+from inference.engine.request import Failed, Finished, QueueFull, TextDelta
+from inference.engine.scheduler import Engine
+from inference.engine.sequences import SessionBusy
+from inference.engine.session_state import pack_state, unpack_state
 from inference.errors import BadRequest
 from nodes.agent.asgi_io import (
     SSE_DONE,

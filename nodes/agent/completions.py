@@ -25,9 +25,7 @@ from inference.engine.prompt import (
     response_format_grammar,
     tool_grammar,
 )
-from inference.engine.sampling import SamplingParams
-from inference.engine.scheduler import (
-    Engine,
+from inference.engine.request import (
     EngineEvent,
     Failed,
     Finished,
@@ -35,6 +33,8 @@ from inference.engine.scheduler import (
     Request,
     TextDelta,
 )
+from inference.engine.sampling import SamplingParams
+from inference.engine.scheduler import Engine
 from inference.errors import BadRequest
 
 DEFAULT_MAX_TOKENS = 1024

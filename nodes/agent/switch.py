@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.bundled import file_sha256
-from inference.engine.scheduler import Engine, EngineConfig
+from inference.engine.config import EngineConfig
+from inference.engine.scheduler import Engine
 from nodes.agent.engine_settings import LIMITS, SETTINGS, bounds_sentence
 
 LOAD_TIMEOUT_S = 600.0

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inference.engine.request import EngineEvent, Failed, Finished, Request
 from inference.engine.sampling import SamplingParams
-from inference.engine.scheduler import Engine, EngineEvent, Failed, Finished, Request
+from inference.engine.scheduler import Engine
 
 BANDWIDTH_MIB = 128  # per array: well past any last-level cache
 PROMPT_TOKENS = 512  # llama-bench's default pp512

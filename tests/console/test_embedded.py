@@ -87,7 +87,7 @@ def test_it_builds_the_node_command_line(model_file):
 
 
 def test_the_default_host_ram_budget_is_a_share_of_free_memory_split_among_local_nodes():
-    from inference.engine.scheduler import default_host_ram_mib
+    from inference.engine.config import default_host_ram_mib
 
     assert default_host_ram_mib(24 << 30) == 6144  # a quarter of 24 GiB
     assert default_host_ram_mib(24 << 30, nodes_on_machine=2) == 3072

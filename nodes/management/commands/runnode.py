@@ -8,7 +8,8 @@ import threading
 import psutil
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.scheduler import Engine, EngineConfig, default_host_ram_mib
+from inference.engine.config import EngineConfig, default_host_ram_mib
+from inference.engine.scheduler import Engine
 from nodes.agent.app import NodeApp, NodeIdentity
 from nodes.agent.auth import CredentialCheck, NoCredential
 from nodes.agent.factory import chat_service_for

@@ -34,7 +34,7 @@ from console.embedded import (
     restarts_due,
     wait_for_port,
 )
-from inference.engine.scheduler import default_host_ram_mib
+from inference.engine.config import default_host_ram_mib
 from inference.models import RoutingPolicy
 from nodes.client import probe
 from nodes.control import ControlLoop

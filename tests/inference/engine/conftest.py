@@ -5,9 +5,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from inference.engine.config import EngineConfig
 from inference.engine.prompt import ChatFormatter
+from inference.engine.request import Failed, Finished, Request, TextDelta
 from inference.engine.sampling import SamplingParams
-from inference.engine.scheduler import Engine, EngineConfig, Failed, Finished, Request, TextDelta
+from inference.engine.scheduler import Engine
 from tests.support.processes import bundled_model_path
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from inference.engine.scheduler import PromptTooLong, QueueFull
+from inference.engine.request import PromptTooLong, QueueFull
 from tests.inference.engine.conftest import EngineDriver, make_engine, user
 
 pytestmark = pytest.mark.model

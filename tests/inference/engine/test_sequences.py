@@ -7,16 +7,11 @@ import math
 
 import pytest
 
-from inference.engine.sequences import (
-    HostEntry,
-    HostStore,
-    ReuseForecast,
-    SequenceTable,
-    SessionBusy,
-    common_prefix_len,
-    pack_state,
-    unpack_state,
-)
+from inference.engine.host_store import HostEntry, HostStore
+from inference.engine.reuse_forecast import ReuseForecast
+from inference.engine.sequences import SequenceTable, SessionBusy
+from inference.engine.session_state import pack_state, unpack_state
+from inference.engine.token_prefix import common_prefix_len
 
 
 class FakeKv:

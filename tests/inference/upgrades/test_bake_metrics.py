@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.engine.scheduler import Failed, Finished
+from inference.engine.request import Failed, Finished
 from inference.models import RoutingPolicy, Upgrade
 from inference.upgrades import driver, services
 from nodes import client as node_client
