@@ -18,7 +18,7 @@ from console.lib.access import role_required
 from console.lib.errors import ConsoleError
 from console.models import Role
 from console.views import _render
-from nodes.devices.inventory import summary
+from nodes.devices.summary import summary
 from nodes.models import Node, ValidationRun
 from nodes.startup import validation_estimate
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+from nodes.devices.accelerators import parse_lspci
 from nodes.devices.host import LocalHost, RecordedHost
-from nodes.devices.inventory import collect, diff, fingerprint, parse_cpu_list, parse_lspci
+from nodes.devices.inventory import collect, diff, fingerprint
+from nodes.devices.sysfs import parse_cpu_list
 
 
 def test_it_reads_two_numa_nodes_and_avx512(machine):
@@ -219,7 +221,7 @@ def test_a_routine_module_load_is_not_a_change(machine, machine_copy):
 
 
 def test_it_summarises_an_inventory_for_a_person_and_survives_odd_shapes(machine):
-    from nodes.devices.inventory import summary
+    from nodes.devices.summary import summary
 
     rows = dict(summary(collect(machine("cgroup-limited"))))
     assert rows["CPU budget"] == "2.0 (affinity 0-15, cgroup 2.0)"
