@@ -40,14 +40,20 @@ from inference.upgrades.bake import bake_step
 from inference.upgrades.drain import RECENT_S
 from inference.upgrades.drain import drained as _drained
 from inference.upgrades.drain import since as _since
+from inference.upgrades.node_switch import ask_switch as _ask_switch
+from inference.upgrades.node_switch import move as _move
+from inference.upgrades.node_switch import served as _served
+from inference.upgrades.node_switch import serves as _serves
+from inference.upgrades.outcomes import actor as _actor
 from inference.upgrades.outcomes import finish as _finish
 from inference.upgrades.outcomes import record_gate as _record_gate
 from inference.upgrades.outcomes import roll_back as _roll_back
+from inference.upgrades.rollback import backward as _backward
 from inference.upgrades.samples import sample
 from inference.upgrades.services import upgrade_event
 from nodes import client as node_client
 from nodes import services as node_services
-from nodes.models import Node, NodeEvent
+from nodes.models import Node
 
 log = logging.getLogger(__name__)
 State, Step = Upgrade.State, Upgrade.Step
@@ -212,7 +218,7 @@ def _advance(upgrade: Upgrade, s: dict[str, Any]) -> None:
             if not s.get("was_draining"):
                 node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
             if s.get("surge"):  # spare capacity takes traffic on the new version for now
-                Node.objects.filter(pk=node.pk).update(weight=1.0)
+                node_services.node_set_weight(node_id=node.node_id, weight=1.0, by=_actor(upgrade))
             _move(upgrade, s, Step.DONE, "serves the new version and takes traffic")
             if upgrade.new_share == 0.0:
                 upgrade.new_share = 1.0 if upgrade.promote else float(settings["canary_share"])
@@ -263,11 +269,6 @@ def _holds_last_sessions(upgrade: Upgrade, s: dict[str, Any], node: Node) -> boo
 # --- one node ------------------------------------------------------------------------------------
 
 
-def _move(upgrade: Upgrade, s: dict[str, Any], state: str, detail: str) -> None:
-    s["state"], s["since"], s["detail"] = state, timezone.now().isoformat(), detail
-    upgrade_event(upgrade, state, detail, s["node_id"])
-
-
 def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str) -> None:
     """Ask ``node`` to serve ``package`` (as the upgrade's model); idempotent after a restart:
     a node already serving or loading it is not asked twice."""
@@ -293,19 +294,6 @@ def _switch(upgrade: Upgrade, s: dict[str, Any], node: Node, package, state: str
     _move(upgrade, s, state, f"loading {package.key}")
 
 
-def _ask_switch(upgrade: Upgrade, node: Node, package, settings: dict[str, int]) -> None:
-    """``PUT /package`` on ``node``: serve ``package`` as the upgrade's model, with
-    ``settings``. Raises what ``node_client.package_switch`` raises."""
-    node_client.package_switch(
-        node.address,
-        node_id=node.node_id,
-        model_path=package.gguf_path,
-        package=upgrade.model,
-        sha256=package.sha256,
-        settings=settings or None,
-    )
-
-
 def _await_switch(
     upgrade: Upgrade, s: dict[str, Any], node: Node, package, *, next_state: str
 ) -> bool:
@@ -329,38 +317,6 @@ def _await_switch(
         why = "does not answer" if current is None else f"is still {switch.get('state', '?')}"
         _fail(upgrade, s, "switch", f"{node.node_id} {why} after {_since(s):.0f} s")
     return False
-
-
-def _serves(current: dict[str, Any] | None, package, settings: dict[str, int]) -> bool:
-    """The node's ``GET /package`` says it serves ``package`` with ``settings``."""
-    if not current or current.get("sha256") != package.sha256:
-        return False
-    have = current.get("settings") or {}
-    return all(have.get(k) == v for k, v in settings.items())
-
-
-def _served(node: Node, package, upgrade: Upgrade, settings: dict[str, int] | None = None) -> None:
-    """Record what ``node`` serves now (as ``upgrade``'s model), with the settings it took
-    (kept for its restarts); the node's event names the upgrade."""
-    model = upgrade.model
-    changes: dict[str, Any] = {"package": package, "served_name": model}
-    settings = dict(settings or {})
-    if "threads" in settings:
-        changes["threads"] = settings.pop("threads")
-    if settings:
-        changes["engine_settings"] = {**(node.engine_settings or {}), **settings}
-    Node.objects.filter(pk=node.pk).update(**changes)
-    NodeEvent.objects.create(
-        node=node,
-        kind=NodeEvent.Kind.SWITCHED,
-        message=f"switched by {_actor(upgrade)}: serves {package.key} as {model}",
-        actor=_actor(upgrade),
-    )
-
-
-def _actor(upgrade: Upgrade) -> str:
-    """Who acts on a node for ``upgrade``, as its node events say: ``"upgrade 3"``."""
-    return f"upgrade {upgrade.pk}"
 
 
 def _check(upgrade: Upgrade, s: dict[str, Any], node: Node) -> bool:
@@ -395,98 +351,3 @@ def _fail(upgrade: Upgrade, s: dict[str, Any], gate: str, detail: str) -> None:
     )
     s["detail"] = detail
     _roll_back(upgrade, f"{gate}: {detail}")
-
-
-# --- backward -------------------------------------------------------------------------------------
-
-
-def _backward(upgrade: Upgrade) -> None:
-    """Every node that left the old version goes back to it, at most ``max_unavailable`` out
-    of service at a time, the most recently moved first; untouched nodes are released. A node
-    that cannot go back within its time ends the upgrade ``failed``, naming it (it stays
-    drained for the operator)."""
-    budget = int(upgrade.settings["max_unavailable"])
-    for s in sorted(upgrade.nodes, key=lambda s: -s["batch"]):
-        if s["state"] in (Step.REVERTED, Step.STUCK):
-            continue
-        node = Node.objects.filter(node_id=s["node_id"]).first()
-        if node is None:
-            _move(upgrade, s, Step.REVERTED, "removed from the array")
-            continue
-        out = sum(1 for x in upgrade.nodes if x["state"] == Step.REVERTING)
-        _revert(upgrade, s, node, may_drain=out < budget)
-    if all(s["state"] in (Step.REVERTED, Step.STUCK) for s in upgrade.nodes):
-        stuck = [s["node_id"] for s in upgrade.nodes if s["state"] == Step.STUCK]
-        if stuck:
-            _finish(
-                upgrade,
-                State.FAILED,
-                f"{upgrade.reason}; could not go back to {upgrade.from_package.key}: "
-                f"{', '.join(stuck)} (left drained)",
-            )
-        else:
-            _finish(upgrade, State.ROLLED_BACK, upgrade.reason or "rolled back")
-
-
-def _revert(upgrade: Upgrade, s: dict[str, Any], node: Node, *, may_drain: bool) -> None:
-    old = upgrade.from_package
-    before = s.get("settings_before") or {}
-    if s["state"] != Step.REVERTING:
-        current = node_client.package_state(node.address, node_id=node.node_id)
-        switch = (current or {}).get("switch") or {}
-        if switch.get("state") in ("verifying", "loading"):
-            return  # a load under way (ours, perhaps): let it end before deciding
-        if _serves(current, old, before) and node.package_id == old.pk:
-            if s["state"] == Step.DRAINING or (
-                s["state"] != Step.WAITING and node.state == Node.State.DRAINING
-            ):
-                if not s.get("was_draining"):
-                    node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
-            _move(upgrade, s, Step.REVERTED, f"kept {old.key}")
-            return
-        if current is None and s["state"] == Step.WAITING:
-            _move(upgrade, s, Step.REVERTED, f"not reached; kept {old.key}")
-            return
-        if not may_drain:
-            return
-        node_services.node_drain(node_id=node.node_id, by=_actor(upgrade))
-        s["revert"] = Step.DRAINING
-        _move(upgrade, s, Step.REVERTING, f"drained to go back to {old.key}")
-        return
-    phase = s.get("revert", "")
-    limit = upgrade.settings["switch_timeout_s"] + upgrade.settings["drain_timeout_s"]
-    if _since(s) > limit:
-        _move(upgrade, s, Step.STUCK, f"did not get back to {old.key} within {limit:.0f} s")
-        return
-    if phase == Step.DRAINING:
-        if _drained(node, s, upgrade.settings["drain_timeout_s"]):
-            current = node_client.package_state(node.address, node_id=node.node_id)
-            if current is None:
-                return  # cannot ask it now; next tick
-            if not _serves(current, old, before):
-                try:
-                    _ask_switch(upgrade, node, old, before)
-                except node_client.SwitchBusy:
-                    return  # a load is under way; ask when it has ended
-                except (node_client.NodeRefusedSwitch, httpx.HTTPError) as exc:
-                    s["detail"] = f"going back to {old.key} refused, retried: {exc}"
-                    return
-            s["revert"] = Step.SWITCHING
-            s["since"] = timezone.now().isoformat()
-            upgrade_event(upgrade, "reverting", f"loading {old.key}", s["node_id"])
-    elif phase == Step.SWITCHING:
-        current = node_client.package_state(node.address, node_id=node.node_id)
-        switch = (current or {}).get("switch") or {}
-        if switch.get("state") in ("verifying", "loading"):
-            return
-        if _serves(current, old, before):
-            _served(node, old, upgrade, before)
-            s["revert"] = Step.CHECKING
-        elif current is not None:
-            s["revert"] = Step.DRAINING  # it failed, or a later load won: ask again
-    elif phase == Step.CHECKING:
-        if node_client.probe(node.address, node_id=node.node_id, timeout=5.0).ok:
-            if not s.get("was_draining"):
-                node_services.node_undrain(node_id=node.node_id, by=_actor(upgrade))
-            s.pop("revert", None)
-            _move(upgrade, s, Step.REVERTED, f"back on {old.key}")
