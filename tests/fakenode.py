@@ -60,146 +60,8 @@ class FakeNode:
         return f"{host}:{port}"
 
     def start(self) -> FakeNode:
-        node = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _json(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("X-Phalanx-Node", node.node_id)
-                if status == 503:
-                    self.send_header("Retry-After", "1")
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    status = "ok" if node.health_status == 200 else "loading"
-                    health = {"status": status, "node": node.node_id}
-                    if node.device is not None:
-                        health["device"] = node.device
-                    self._json(node.health_status, health)
-                elif self.path == "/validation" and node.validation_report is not None:
-                    self._json(200, node.validation_state())
-                elif self.path == "/metrics":
-                    data = node.metrics_text.encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                else:
-                    self._json(404, {"error": {"message": "not found"}})
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if self.path == "/validation":
-                    if node.validation_report is None:
-                        self._json(404, {"error": {"message": "no such endpoint"}})
-                    else:
-                        if body.get("run") != node.validation_run:
-                            node.validation_run, node.validation_gets = body.get("run"), 0
-                        self._json(202, {"run": node.validation_run, "state": "running"})
-                    return
-                node.requests.append(
-                    {
-                        "body": body,
-                        "session": self.headers.get("X-Session-Id"),
-                        "authorization": self.headers.get("Authorization"),
-                    }
-                )
-                if node.chat_status != 200:
-                    message = "busy" if node.chat_status == 503 else "engine failed"
-                    self._json(
-                        node.chat_status,
-                        {"error": {"message": message, "type": "x", "code": "x"}},
-                    )
-                    return
-                if node.shape == "reset":  # read the request, then drop the connection
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    self.close_connection = True
-                    return
-                if node.shape == "silent":
-                    time.sleep(30)  # accepted, never answered
-                    self.close_connection = True
-                    return
-                if node.shape == "empty_200":
-                    self._raw_response(b"", content_type="application/json")
-                    return
-                if body.get("stream") and node.shape == "close_delimited":
-                    self._raw_response(_events(node, finish=False, done=False), close=True)
-                    return
-                if body.get("stream"):
-                    self._stream()
-                else:
-                    self._json(200, _completion(node, "".join(node.tokens)))
-
-            def _raw_response(
-                self, data: bytes, content_type: str = "text/event-stream", close: bool = False
-            ) -> None:
-                """200 with ``data``: Content-Length framed, or (``close``) ended by closing."""
-                self.send_response(200)
-                self.send_header("Content-Type", content_type)
-                if close:
-                    self.send_header("Connection", "close")
-                else:
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                self.wfile.flush()
-                self.close_connection = True
-
-            def _chunk(self, data: bytes) -> None:
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
-
-            def _stream(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("X-Phalanx-Node", node.node_id)
-                self.end_headers()
-                try:
-                    for i, token in enumerate(node.tokens):
-                        if node.break_after is not None and i >= node.break_after:
-                            self.connection.shutdown(socket.SHUT_RDWR)
-                            self.close_connection = True
-                            return
-                        time.sleep(node.token_delay)
-                        if node.shape == "malformed" and i == 1:
-                            self._chunk(b'data: {"choices": [{"delta": {"content": "oops\n\n')
-                        self._chunk(f"data: {json.dumps(_token_chunk(token))}\n\n".encode())
-                    if node.shape == "no_finish":
-                        self.wfile.write(b"0\r\n\r\n")  # a clean end: no finish, no [DONE]
-                        self.wfile.flush()
-                        return
-                    last = {
-                        "object": "chat.completion.chunk",
-                        "choices": [],
-                        "usage": _usage(node),
-                        "timings": {"ttft_ms": 1.0},
-                    }
-                    stop = {
-                        "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                    }
-                    self._chunk(f"data: {json.dumps(stop)}\n\n".encode())
-                    self._chunk(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
-                    self.wfile.write(b"0\r\n\r\n")
-                    self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    node.disconnects += 1
-                    self.close_connection = True
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        handler = type("Handler", (FakeNodeHandler,), {"node": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
@@ -208,6 +70,158 @@ class FakeNode:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+
+class FakeNodeHandler(BaseHTTPRequestHandler):
+    """The fake node's HTTP handler; ``FakeNode.start`` binds ``node`` to the node it serves."""
+
+    node: FakeNode
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Phalanx-Node", self.node.node_id)
+        if status == 503:
+            self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            status = "ok" if self.node.health_status == 200 else "loading"
+            health = {"status": status, "node": self.node.node_id}
+            if self.node.device is not None:
+                health["device"] = self.node.device
+            self._json(self.node.health_status, health)
+        elif self.path == "/validation" and self.node.validation_report is not None:
+            self._json(200, self.node.validation_state())
+        elif self.path == "/metrics":
+            data = self.node.metrics_text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/validation":
+            self._start_validation(body)
+            return
+        self.node.requests.append(
+            {
+                "body": body,
+                "session": self.headers.get("X-Session-Id"),
+                "authorization": self.headers.get("Authorization"),
+            }
+        )
+        self._answer_chat(body)
+
+    def _start_validation(self, body: dict[str, Any]) -> None:
+        """``POST /validation``: 404 when the node does not validate, else 202 "running" (a new
+        run id starts its polls afresh)."""
+        if self.node.validation_report is None:
+            self._json(404, {"error": {"message": "no such endpoint"}})
+        else:
+            if body.get("run") != self.node.validation_run:
+                self.node.validation_run, self.node.validation_gets = body.get("run"), 0
+            self._json(202, {"run": self.node.validation_run, "state": "running"})
+
+    def _answer_chat(self, body: dict[str, Any]) -> None:
+        """A chat request's answer: an error status, one of the sick ``shape``s, or a whole or
+        streamed completion."""
+        node = self.node
+        if node.chat_status != 200:
+            message = "busy" if node.chat_status == 503 else "engine failed"
+            self._json(
+                node.chat_status,
+                {"error": {"message": message, "type": "x", "code": "x"}},
+            )
+            return
+        if node.shape == "reset":  # read the request, then drop the connection
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        if node.shape == "silent":
+            time.sleep(30)  # accepted, never answered
+            self.close_connection = True
+            return
+        if node.shape == "empty_200":
+            self._raw_response(b"", content_type="application/json")
+            return
+        if body.get("stream") and node.shape == "close_delimited":
+            self._raw_response(_events(node, finish=False, done=False), close=True)
+            return
+        if body.get("stream"):
+            self._stream()
+        else:
+            self._json(200, _completion(node, "".join(node.tokens)))
+
+    def _raw_response(
+        self, data: bytes, content_type: str = "text/event-stream", close: bool = False
+    ) -> None:
+        """200 with ``data``: Content-Length framed, or (``close``) ended by closing."""
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        if close:
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Phalanx-Node", self.node.node_id)
+        self.end_headers()
+        try:
+            for i, token in enumerate(self.node.tokens):
+                if self.node.break_after is not None and i >= self.node.break_after:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                time.sleep(self.node.token_delay)
+                if self.node.shape == "malformed" and i == 1:
+                    self._chunk(b'data: {"choices": [{"delta": {"content": "oops\n\n')
+                self._chunk(f"data: {json.dumps(_token_chunk(token))}\n\n".encode())
+            if self.node.shape == "no_finish":
+                self.wfile.write(b"0\r\n\r\n")  # a clean end: no finish, no [DONE]
+                self.wfile.flush()
+                return
+            last = {
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": _usage(self.node),
+                "timings": {"ttft_ms": 1.0},
+            }
+            stop = {
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            }
+            self._chunk(f"data: {json.dumps(stop)}\n\n".encode())
+            self._chunk(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.node.disconnects += 1
+            self.close_connection = True
 
 
 SHAPES = ("ok", "no_finish", "close_delimited", "empty_200", "malformed", "silent", "reset")
