@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -13,6 +19,8 @@ from console.models import Role
 from inference.models import ModelPackage
 from inference.tokens import token_issue
 from nodes.models import Node
+from tests.support.processes import REPO, Proc, control_plane_at_home, spawn, start_node
+from tests.support.serving_array import FAST_LOOP, PACKAGE
 
 PASSWORD = "pw-for-tests"
 
@@ -96,11 +104,43 @@ def api(tokens) -> Callable[..., object]:
 # --- browser tests (test_browser*.py): Debian's chromium through Playwright ---------------------
 
 
+CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SHOTS = REPO / "artifacts" / "screenshots"
+
+
+def chromium_required(path: str) -> None:
+    """Fail (at collection) when Debian's chromium is missing: ``make test`` installs it, and a
+    browser test skipped for want of a browser would pass without checking anything."""
+    if not shutil.which(path) and not Path(path).exists():
+        pytest.fail(
+            f"no Chromium at {path}: run `make browser` (apt-get install -y chromium)",
+            pytrace=False,
+        )
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+# Points Plotly has drawn: the vertices of the chart's SVG line paths (what a person sees).
+DRAWN_POINTS = """(id) => [...document.querySelectorAll('#' + id + ' path.js-line')]
+    .map(p => (p.getAttribute('d') || '').split(/[ML]/).filter(Boolean).length)
+    .reduce((a, b) => a + b, 0)"""
+
+
 def browser_marks() -> list:
     """``pytestmark`` of a browser test module: e2e. Without Debian's chromium the module fails
     to collect (``make test`` installs it): a browser test that is skipped proves nothing."""
-    from tests.console.test_browser import CHROMIUM, chromium_required
-
     chromium_required(CHROMIUM)
     return [pytest.mark.e2e]
 
@@ -123,8 +163,6 @@ def browser() -> Iterator[object]:
     """Headless Chromium for a module's browser tests."""
     from playwright import sync_api
 
-    from tests.console.test_browser import CHROMIUM, CHROMIUM_ARGS
-
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
@@ -133,8 +171,8 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture
 def page_as(browser, array):
-    """``page_as(role)``: a new page logged in as that role (the module's ``array`` fixture
-    gives the control plane's ``url``)."""
+    """``page_as(role)``: a new page logged in as that role (the module's ``array`` fixture, the
+    serving array below unless the module has its own, gives the control plane's ``url``)."""
     contexts = []
 
     def make(role: str):
@@ -178,3 +216,60 @@ def shell_array(home: Path, setup: str) -> Iterator[ShellArray]:
         yield ShellArray(daphne.url, extra)
     finally:
         daphne.stop()
+
+
+# --- the serving array of test_browser.py and test_browser_node_pages.py: a control plane, its
+# control loop and one node agent with the bundled model (registered by the tests) -----------
+
+NODE_ID = "node-b1"
+
+
+@dataclass
+class BrowserArray:
+    url: str
+    token: str
+    procs: list[Proc]
+    env: dict[str, str] | None = None  # what another process needs to reach its database
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return httpx.request(method, f"{self.url}/api{path}", headers=headers, timeout=10, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def array(tmp_path_factory) -> Iterator[BrowserArray]:
+    """daphne + control loop on a fresh SQLite under a temporary PHALANX_HOME."""
+    home = tmp_path_factory.mktemp("phalanx-home")
+    daphne, token, extra = control_plane_at_home(home, setup=BROWSER_USERS_SETUP + FAST_LOOP)
+    loop = spawn([sys.executable, "manage.py", "controlloop"], home / "controlloop.log", env=extra)
+    try:
+        yield BrowserArray(url=daphne.url, token=token, procs=[daphne, loop], env=extra)
+    finally:
+        for proc in (loop, daphne):
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def agent(array, tmp_path_factory) -> Iterator[Proc]:
+    """A real node agent with the bundled model (not registered: tests register it)."""
+    proc = start_node(NODE_ID, tmp_path_factory.mktemp("node-logs"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def healthy_node(array, agent) -> str:
+    """The agent registered, up and validated by the array's control loop (registered through
+    the API if a test has not already)."""
+    address = agent.url.removeprefix("http://")
+    body = {"node_id": NODE_ID, "address": address, "package": PACKAGE}
+    if array.api("GET", f"/nodes/{NODE_ID}").status_code == 404:
+        assert array.api("PUT", f"/nodes/{NODE_ID}", json=body).status_code in (200, 201)
+    array.api("POST", f"/nodes/{NODE_ID}/undrain")
+    deadline = time.monotonic() + 120
+    while True:
+        node = array.api("GET", f"/nodes/{NODE_ID}").json()
+        if node["state"] == "up" and node["validation"] in ("passed", "warned"):
+            return NODE_ID
+        assert time.monotonic() < deadline, f"node did not come up validated: {node}"
+        time.sleep(0.3)

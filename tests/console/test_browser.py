@@ -1,129 +1,26 @@
-"""Browser tests: the console in headless Chromium (Debian's ``chromium``, driven by Playwright
-with ``executable_path``) against a real control plane (daphne), control loop and node agent
-with the bundled model, all on loopback. Screenshots of each page go to
-``artifacts/screenshots/``.
+"""Browser tests of the console as a whole: the console in headless Chromium (Debian's
+``chromium``, driven by Playwright with ``executable_path``) against a real control plane
+(daphne), control loop and node agent with the bundled model, all on loopback. Logging in,
+every page (what it is for, nothing loaded from outside loopback, one time format), the
+Playground, the Routing table, a Config dry run and the Audit page; the node pages are
+``test_browser_node_pages.py``. Screenshots of each page go to ``artifacts/screenshots/``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import pytest
 from playwright import sync_api as playwright_sync
 
-from tests.support.processes import (
-    REPO,
-    Proc,
-    control_plane_at_home,
-    manage_shell,
-    spawn,
-    start_node,
-)
-from tests.support.serving_array import FAST_LOOP
+from tests.console.conftest import BROWSER_PASSWORD as PASSWORD
+from tests.console.conftest import browser_marks, shot
+from tests.support.processes import manage_shell
+from tests.support.serving_array import PACKAGE
 
-CHROMIUM = os.environ.get("PHALANX_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SHOTS = REPO / "artifacts" / "screenshots"
-from tests.console.conftest import BROWSER_PASSWORD as PASSWORD  # noqa: E402
-
-NODE_ID = "node-b1"
-PACKAGE = "smollm2-135m-instruct-q4_1"
-
-
-def chromium_required(path: str) -> None:
-    """Fail (at collection) when Debian's chromium is missing: ``make test`` installs it, and a
-    browser test skipped for want of a browser would pass without checking anything."""
-    if not shutil.which(path) and not Path(path).exists():
-        pytest.fail(
-            f"no Chromium at {path}: run `make browser` (apt-get install -y chromium)",
-            pytrace=False,
-        )
-
-
-chromium_required(CHROMIUM)
-pytestmark = [pytest.mark.e2e, pytest.mark.model]
-
-SETUP = f"""
-from django.contrib.auth import get_user_model
-from console.lib.access import user_set_role
-from console.models import Role
-users = get_user_model()
-users.objects.create_superuser("admin", password="{PASSWORD}")
-for role in (Role.OPERATOR, Role.VIEWER):
-    user_set_role(user=users.objects.create_user(role.value, password="{PASSWORD}"), role=role)
-{FAST_LOOP}"""
-
-
-@dataclass
-class Array:
-    url: str
-    token: str
-    procs: list[Proc]
-    env: dict[str, str] | None = None  # what another process needs to reach its database
-
-    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        return httpx.request(method, f"{self.url}/api{path}", headers=headers, timeout=10, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def array(tmp_path_factory) -> Iterator[Array]:
-    """daphne + control loop on a fresh SQLite under a temporary PHALANX_HOME."""
-    home = tmp_path_factory.mktemp("phalanx-home")
-    daphne, token, extra = control_plane_at_home(home, setup=SETUP)
-    loop = spawn([sys.executable, "manage.py", "controlloop"], home / "controlloop.log", env=extra)
-    try:
-        yield Array(url=daphne.url, token=token, procs=[daphne, loop], env=extra)
-    finally:
-        for proc in (loop, daphne):
-            proc.stop()
-
-
-@pytest.fixture(scope="module")
-def agent(array, tmp_path_factory) -> Iterator[Proc]:
-    """A real node agent with the bundled model (not registered: tests register it)."""
-    proc = start_node(NODE_ID, tmp_path_factory.mktemp("node-logs"))
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def healthy_node(array, agent) -> str:
-    """The agent registered, up and validated by the array's control loop (registered through
-    the API if a test has not already)."""
-    address = agent.url.removeprefix("http://")
-    body = {"node_id": NODE_ID, "address": address, "package": PACKAGE}
-    if array.api("GET", f"/nodes/{NODE_ID}").status_code == 404:
-        assert array.api("PUT", f"/nodes/{NODE_ID}", json=body).status_code in (200, 201)
-    array.api("POST", f"/nodes/{NODE_ID}/undrain")
-    deadline = time.monotonic() + 120
-    while True:
-        node = array.api("GET", f"/nodes/{NODE_ID}").json()
-        if node["state"] == "up" and node["validation"] in ("passed", "warned"):
-            return NODE_ID
-        assert time.monotonic() < deadline, f"node did not come up validated: {node}"
-        time.sleep(0.3)
-
-
-def shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+pytestmark = [*browser_marks(), pytest.mark.model]
 
 
 def test_it_logs_in(browser, array):
@@ -144,25 +41,6 @@ def test_it_logs_in(browser, array):
     context.close()
 
 
-def test_it_adds_a_node_and_watches_it_become_healthy(page_as, array, agent):
-    page = page_as("admin")
-    page.goto(f"{array.url}/nodes/")
-    page.fill("#id_add-node_id", NODE_ID)
-    page.fill("#id_add-address", agent.url.removeprefix("http://"))
-    page.select_option("#id_add-package", label=f"{PACKAGE}:1")
-    page.click("#add-node button[type=submit]")
-    page.wait_for_url(f"{array.url}/nodes/{NODE_ID}/")
-    state = page.locator(".title-row [data-field=state]")
-    playwright_sync.expect(state).to_have_text("serving", timeout=120_000)  # no reload; validated
-    playwright_sync.expect(page.locator("#events")).to_contain_text("Registered")
-    shot(page, "node")
-    page.goto(f"{array.url}/nodes/")
-    playwright_sync.expect(
-        page.locator(f'tr[data-node="{NODE_ID}"] [data-field=state]')
-    ).to_have_text("serving")
-    shot(page, "nodes")
-
-
 def test_it_chats_in_the_playground_and_shows_node_and_timings(page_as, array, healthy_node):
     page = page_as("viewer")
     page.goto(f"{array.url}/playground/")
@@ -174,104 +52,6 @@ def test_it_chats_in_the_playground_and_shows_node_and_timings(page_as, array, h
     assert "TTFT" in meta.inner_text() and "tok/s" in meta.inner_text()
     assert page.locator(".msg.assistant .content").inner_text().strip()
     shot(page, "playground")
-
-
-def test_it_drains_a_node_from_its_page(page_as, array, healthy_node):
-    page = page_as("operator")
-    page.goto(f"{array.url}/nodes/{healthy_node}/")
-    playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_hidden()
-    status = page.locator("#drain-status")
-    long_stream = {
-        "model": PACKAGE,
-        "messages": [{"role": "user", "content": "List numbers."}],
-        "max_tokens": 1800,
-        "temperature": 0,
-        "stream": True,
-        # at least 250 numbers: the stream outlasts the test (about 40 s on one CPU)
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {
-                "name": "numbers",
-                "schema": {"type": "array", "items": {"type": "integer"}, "minItems": 250},
-            },
-        },
-    }
-    auth = {"Authorization": f"Bearer {array.token}"}
-    with httpx.stream(
-        "POST", f"{array.url}/v1/chat/completions", json=long_stream, headers=auth, timeout=120
-    ) as answer:
-        lines = answer.iter_lines()  # held: dropping the iterator would close the stream
-        next(line for line in lines if '"content": "' in line and '""' not in line)
-        page.click("button[data-action=drain]")
-        # what a person sees: a stream is still running, so stopping the node now would cut it
-        playwright_sync.expect(status).to_contain_text("1 stream in flight", timeout=30_000)
-        playwright_sync.expect(status).to_contain_text("Not safe to stop")
-    # the client went away: the node cancelled the stream; nothing is in flight any more
-    # (sessions other tests pinned here may remain: they would prefill again elsewhere)
-    playwright_sync.expect(status).to_contain_text("no streams in flight", timeout=30_000)
-    playwright_sync.expect(status).to_contain_text("Safe to stop")
-    state = page.locator(".title-row [data-field=state]")
-    playwright_sync.expect(state).to_have_text("draining")
-    playwright_sync.expect(page.locator("button[data-action=undrain]")).to_be_visible()
-    playwright_sync.expect(page.locator("button[data-action=drain]")).to_be_hidden()
-    playwright_sync.expect(page.locator("#events")).to_contain_text("Drained")
-    assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "draining"
-    shot(page, "node-draining")
-    page.click("button[data-action=undrain]")
-    playwright_sync.expect(state).to_have_text("serving", timeout=30_000)
-
-
-# Points Plotly has drawn: the vertices of the chart's SVG line paths (what a person sees).
-DRAWN_POINTS = """(id) => [...document.querySelectorAll('#' + id + ' path.js-line')]
-    .map(p => (p.getAttribute('d') || '').split(/[ML]/).filter(Boolean).length)
-    .reduce((a, b) => a + b, 0)"""
-
-
-def assert_chart_keeps_drawing(page, chart_id: str) -> None:
-    """The chart's drawn line gains points as new samples arrive (it used to freeze)."""
-    page.wait_for_function(f"({DRAWN_POINTS})('{chart_id}') > 1", timeout=30_000)
-    first = page.evaluate(f"({DRAWN_POINTS})('{chart_id}')")
-    page.wait_for_function(f"({DRAWN_POINTS})('{chart_id}') > {first + 2}", timeout=30_000)
-
-
-def test_it_keeps_drawing_the_utilization_charts(page_as, array, healthy_node):
-    page = page_as("viewer")
-    page.goto(f"{array.url}/utilization/")
-    assert_chart_keeps_drawing(page, "chart-cpu")
-    before = page.locator("#chart-cpu").screenshot()
-    page.wait_for_timeout(3000)
-    assert page.locator("#chart-cpu").screenshot() != before  # the picture moves
-    shot(page, "utilization")
-
-
-def test_it_keeps_drawing_a_node_pages_charts(page_as, array, healthy_node):
-    page = page_as("viewer")
-    page.goto(f"{array.url}/nodes/{healthy_node}/")
-    assert_chart_keeps_drawing(page, "chart-cpu")
-
-
-def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
-    page = page_as("viewer")
-    page.goto(f"{array.url}/nodes/{healthy_node}/")
-    assert page.locator("button[data-action=drain]").count() == 0
-    status = page.evaluate(
-        """async (url) => {
-            const csrf = document.querySelector('[name=csrfmiddlewaretoken]').value;
-            const r = await fetch(url, {method: 'POST', headers: {'X-CSRFToken': csrf}});
-            return r.status; }""",
-        f"/nodes/{healthy_node}/drain/",
-    )
-    assert status == 403
-    api_status = page.evaluate(
-        """async (url) => {
-            const csrf = document.querySelector('[name=csrfmiddlewaretoken]').value;
-            const r = await fetch(url, {method: 'POST', headers: {'X-CSRFToken': csrf}});
-            return r.status; }""",
-        f"/api/nodes/{healthy_node}/drain",
-    )
-    assert api_status == 403
-    assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "up"
-    shot(page, "node-viewer")
 
 
 def test_every_page_shows_what_it_is_for(page_as, array, healthy_node):

@@ -11,8 +11,7 @@ import re
 import pytest
 from playwright import sync_api as playwright_sync
 
-from tests.console.conftest import BROWSER_USERS_SETUP, browser_marks
-from tests.console.test_browser import DRAWN_POINTS, shot
+from tests.console.conftest import BROWSER_USERS_SETUP, DRAWN_POINTS, browser_marks, shot
 from tests.support.serving_array import serving_array
 
 pytestmark = [*browser_marks(), pytest.mark.model]

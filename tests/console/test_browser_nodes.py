@@ -22,8 +22,7 @@ import psutil
 import pytest
 from playwright import sync_api as playwright_sync
 
-from tests.console.conftest import browser_marks
-from tests.console.test_browser import shot
+from tests.console.conftest import browser_marks, shot
 from tests.support.processes import REPO, free_port
 
 expect = playwright_sync.expect

@@ -16,8 +16,7 @@ import httpx
 import pytest
 from playwright import sync_api as playwright_sync  # noqa: E402
 
-from tests.console.conftest import browser_marks  # noqa: E402
-from tests.console.test_browser import shot
+from tests.console.conftest import browser_marks, shot  # noqa: E402
 from tests.support.processes import Proc, control_plane_at_home, manage_shell
 
 pytestmark = browser_marks()

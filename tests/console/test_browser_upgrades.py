@@ -10,8 +10,7 @@ from collections.abc import Iterator
 import pytest
 from playwright import sync_api as playwright_sync
 
-from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, browser_marks, shell_array
-from tests.console.test_browser import shot
+from tests.console.conftest import BROWSER_USERS_SETUP, ShellArray, browser_marks, shell_array, shot
 
 pytestmark = browser_marks()
 
