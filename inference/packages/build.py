@@ -27,10 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.engine.quantize import FALLBACK_LINE, QUANT_LADDER, TENSOR_LINE, quantize
-from inference.engine.quantize import QuantizeError as QuantizeError  # re-exported for callers
+from inference.engine.quantize import (
+    FALLBACK_LINE,
+    QUANT_LADDER,
+    TENSOR_LINE,
+    QuantizeError,
+    quantize,
+)
 from inference.packages.gguf_files import (
     FLOAT_TYPES,
+    GgufFacts,
     atomic_path,
     dequantize_to_f16,
     is_quantized,
@@ -106,6 +112,35 @@ def build_quantized(
     """
     started = time.monotonic()
     source, out = Path(source), Path(out)
+    _check_request(target, method, out)
+    report = progress or (lambda fraction, message: None)
+    report(0.0, f"reading {source.name}")
+    facts = read_facts(source)
+    dequantize = method == "f16" and not set(facts.tensor_types) <= FLOAT_TYPES
+    quantize_log = _QuantizeLog(
+        target, DEQUANTIZE_SHARE if dequantize else 0.0, report=report, log=log
+    )
+    result = _build_in_scratch(
+        source,
+        out,
+        target,
+        method=method,
+        dequantize=dequantize,
+        workdir=workdir,
+        threads=threads,
+        report=report,
+        on_line=quantize_log,
+    )
+    done = _build_report(
+        target, method, dequantize, facts, result, quantize_log, time.monotonic() - started
+    )
+    report(1.0, f"built {out.name}: {target}, {result.size_bytes / 2**20:.1f} MiB")
+    return done
+
+
+def _check_request(target: str, method: str, out: Path) -> None:
+    """Raise before any work: ``QuantizeError`` (unknown ``target``), ``ValueError``
+    (unknown ``method``), ``FileNotFoundError`` (no directory for ``out``)."""
     if target not in QUANT_LADDER:
         raise QuantizeError(
             f"unknown quantization type {target!r}: one of {', '.join(QUANT_LADDER)}"
@@ -116,27 +151,58 @@ def build_quantized(
         raise FileNotFoundError(
             errno.ENOENT, "no directory for the build's output", str(out.parent)
         )
-    report = progress or (lambda fraction, message: None)
-    report(0.0, f"reading {source.name}")
-    facts = read_facts(source)
-    dequantize = method == "f16" and not set(facts.tensor_types) <= FLOAT_TYPES
-    lines: deque[str] = deque(maxlen=LOG_TAIL)
-    fallbacks: Counter[str] = Counter()
-    start_share = DEQUANTIZE_SHARE if dequantize else 0.0
 
-    def on_line(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
+
+class _QuantizeLog:
+    """llama.cpp's log lines as they come: each passed on to ``log``, the last ``LOG_TAIL``
+    kept (``lines``), the tensors that fell back to another type counted by that type
+    (``fallbacks``), and each tensor quantized reported as progress after ``start_share``."""
+
+    def __init__(
+        self,
+        target: str,
+        start_share: float,
+        *,
+        report: Progress,
+        log: Callable[[str], None] | None,
+    ) -> None:
+        self.target = target
+        self.start_share = start_share
+        self.report = report
+        self.log = log
+        self.lines: deque[str] = deque(maxlen=LOG_TAIL)
+        self.fallbacks: Counter[str] = Counter()
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if self.log is not None:
+            self.log(line)
         if fallback := FALLBACK_LINE.search(line):
-            fallbacks[fallback.group(3).upper()] += 1
+            self.fallbacks[fallback.group(3).upper()] += 1
         elif tensor := TENSOR_LINE.match(line):
             done, total, name = int(tensor.group(1)), int(tensor.group(2)), tensor.group(3)
-            fraction = start_share + (1 - start_share) * done / total
-            report(
-                min(fraction, 0.99), f"quantizing to {target}: tensor {done} of {total} ({name})"
+            fraction = self.start_share + (1 - self.start_share) * done / total
+            self.report(
+                min(fraction, 0.99),
+                f"quantizing to {self.target}: tensor {done} of {total} ({name})",
             )
 
+
+def _build_in_scratch(
+    source: Path,
+    out: Path,
+    target: str,
+    *,
+    method: str,
+    dequantize: bool,
+    workdir: Path,
+    threads: int,
+    report: Progress,
+    on_line: Callable[[str], None],
+) -> GgufFacts:
+    """Dequantize (when asked) and quantize in a scratch directory of ``workdir``, check the
+    result and move it to ``out``; the scratch directory is removed either way. Returns the
+    facts of the file built."""
     scratch = Path(tempfile.mkdtemp(prefix=f"build-{target}-", dir=workdir))
     try:
         quantize_from = source
@@ -163,10 +229,23 @@ def build_quantized(
         _move_into_place(built, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return result
 
+
+def _build_report(
+    target: str,
+    method: str,
+    dequantize: bool,
+    facts: GgufFacts,
+    result: GgufFacts,
+    quantize_log: _QuantizeLog,
+    seconds: float,
+) -> BuildReport:
+    """The report of a build from ``facts`` (the source) to ``result`` (the output)."""
+    fallbacks = quantize_log.fallbacks
     quantized = sum(n for name, n in result.tensor_types.items() if is_quantized(name))
     fallback_count = sum(fallbacks.values())
-    done = BuildReport(
+    return BuildReport(
         requested=target,
         method=method,
         dequantized=dequantize,
@@ -179,11 +258,9 @@ def build_quantized(
         fallback_types=dict(fallbacks.most_common()),
         mostly_fell_back=fallback_count * 2 > quantized,
         size_bytes=result.size_bytes,
-        seconds=round(time.monotonic() - started, 3),
-        log_tail=list(lines),
+        seconds=round(seconds, 3),
+        log_tail=list(quantize_log.lines),
     )
-    report(1.0, f"built {out.name}: {target}, {result.size_bytes / 2**20:.1f} MiB")
-    return done
 
 
 def _move_into_place(built: Path, out: Path) -> None:

@@ -326,6 +326,23 @@ def _write_copy(
     alignment = _scalar(reader, gguf.Keys.General.ALIGNMENT)
     if alignment is not None:
         writer.data_alignment = alignment
+    _add_metadata(reader, writer, changes)
+    _add_tensor_infos(reader, writer, convert)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    try:
+        _write_tensor_data(reader, writer, convert, progress)
+    finally:
+        writer.close()
+
+
+def _add_metadata(
+    reader: gguf.GGUFReader,
+    writer: gguf.GGUFWriter,
+    changes: dict[str, tuple[Any, gguf.GGUFValueType] | None],
+) -> None:
+    """``reader``'s metadata on ``writer``, with ``changes`` applied (see ``_write_copy``)."""
     pending = dict(changes)
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
@@ -341,6 +358,13 @@ def _write_copy(
         if change is not None:
             writer.add_key_value(key, change[0], change[1])
 
+
+def _add_tensor_infos(
+    reader: gguf.GGUFReader,
+    writer: gguf.GGUFWriter,
+    convert: dict[str, gguf.GGMLQuantizationType],
+) -> None:
+    """The tensor table on ``writer``: each tensor as it is, or in its ``convert`` type."""
     for tensor in reader.tensors:
         out_type = convert.get(tensor.name)
         if out_type is None:
@@ -354,23 +378,26 @@ def _write_copy(
             nbytes = int(tensor.n_elements) * dtype.itemsize
             writer.add_tensor_info(tensor.name, shape, dtype, nbytes, out_type)
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
+
+def _write_tensor_data(
+    reader: gguf.GGUFReader,
+    writer: gguf.GGUFWriter,
+    convert: dict[str, gguf.GGMLQuantizationType],
+    progress: Callable[[float], None] | None,
+) -> None:
+    """Each tensor's data to ``writer``, dequantized when ``convert`` names it;
+    ``progress(fraction)`` after each, by elements written."""
     total = sum(int(t.n_elements) for t in reader.tensors) or 1
     done = 0
-    try:
-        for tensor in reader.tensors:
-            out_type = convert.get(tensor.name)
-            if out_type is None:
-                writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
-            else:
-                writer.write_tensor_data(_dequantized(tensor, out_type))
-            done += int(tensor.n_elements)
-            if progress is not None:
-                progress(done / total)
-    finally:
-        writer.close()
+    for tensor in reader.tensors:
+        out_type = convert.get(tensor.name)
+        if out_type is None:
+            writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+        else:
+            writer.write_tensor_data(_dequantized(tensor, out_type))
+        done += int(tensor.n_elements)
+        if progress is not None:
+            progress(done / total)
 
 
 def _dequantized(tensor: Any, out_type: gguf.GGMLQuantizationType) -> np.ndarray:

@@ -6,7 +6,7 @@ streamed answer to its result), runs the suite's cases in both modes (``run_case
 speed (``speed_probe``), stops it and measures the perplexity of the bundled text.
 
 The node is in ``node.py``, the streamed requests in ``stream.py``, the smoke test in
-``smoke.py``; this module imports them all, so ``runner`` is the one to import.
+``smoke.py``.
 
 The two modes send the same prompt text. ``grammar``: the request carries ``tools`` and
 ``tool_choice: "auto"``; the node describes the tools in the system message and constrains the
@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from inference.engine.prompt import TOOL_OPEN, tools_system_block
-from inference.packages.evaluation.node import EvalNode, NodeStartFailed, start_eval_node
+from inference.packages.evaluation.node import NodeStartFailed, start_eval_node
 from inference.packages.evaluation.scoring import (
     MODES,
     Answer,
@@ -38,25 +38,9 @@ from inference.packages.evaluation.scoring import (
     score_case,
     summarize,
 )
-from inference.packages.evaluation.smoke import SmokeResult, smoke_test
-from inference.packages.evaluation.stream import StreamResult, stream_chat
+from inference.packages.evaluation.smoke import smoke_test
+from inference.packages.evaluation.stream import stream_chat
 from inference.packages.evaluation.suite import Case, Suite, load_suite
-
-__all__ = [
-    "CaseOutcome",
-    "EvalNode",
-    "EvaluationError",
-    "NodeStartFailed",
-    "SmokeResult",
-    "StreamResult",
-    "evaluate_package",
-    "run_case",
-    "run_cases",
-    "smoke_test",
-    "speed_probe",
-    "start_eval_node",
-    "stream_chat",
-]
 
 ANSWER_CHARS = 300
 PERPLEXITY_CTX = 512
@@ -310,19 +294,7 @@ def evaluate_package(
     workdir = Path(workdir)
     suite = load_suite().subset(subset)
     report = _report(suite)
-
-    def note(stage: str, share: float = 0.0, what: str = "") -> None:
-        if progress:
-            stages = list(_STAGES)
-            nxt = _STAGES[stages[stages.index(stage) + 1]] if stage != stages[-1] else 1.0
-            progress(_STAGES[stage] + share * (nxt - _STAGES[stage]), what or stage)
-
-    def finished() -> dict[str, Any]:
-        report["seconds"] = round(time.monotonic() - started, 3)
-        if progress:
-            progress(1.0, "done")
-        return report
-
+    note = _stage_notes(progress)
     note("start", what="starting the node")
     try:
         node = start_eval_node(gguf_path, log_path=workdir / "eval-node.log", threads=threads)
@@ -332,30 +304,78 @@ def evaluate_package(
             "error": str(exc),
             "steps": [{"name": "start", "ok": False, "detail": exc.log_tail}],
         }
-        return finished()
+        return _finished(report, started, progress)
     with node, node.client() as client:
-        note("smoke", what="smoke test")
-        smoke = smoke_test(client)
-        report["smoke"] = smoke.as_dict()
-        if not smoke.passed:
-            return finished()
-        for mode in MODES:
-
-            def step(done: int, total: int, mode: str = mode) -> None:
-                note(mode, done / total, f"{mode}: {done}/{total} cases")
-
-            outcomes = run_cases(client, suite, mode=mode, progress=step)
-            report["modes"][mode] = summarize([o.score for o in outcomes])
-            report["cases"] += [o.row() for o in outcomes]
-        note("speed", what="speed probe")
-        report["speed"] = speed_probe(client)
+        if not _evaluate_on_node(client, suite, report, note):
+            return _finished(report, started, progress)
     if measure_perplexity:
-        from inference.engine.perplexity import perplexity
+        _measure_perplexity(gguf_path, suite, report, note, threads=threads)
+    return _finished(report, started, progress)
 
-        note("perplexity", what="perplexity")
-        result = perplexity(
-            gguf_path, suite.text_for_perplexity, n_ctx=PERPLEXITY_CTX, threads=threads
-        )
-        report["perplexity"] = result.perplexity
-        report["perplexity_tokens"] = result.tokens
-    return finished()
+
+StageNote = Callable[..., None]
+
+
+def _stage_notes(progress: ProgressFn | None) -> StageNote:
+    """``note(stage, share=0.0, what="")``: ``progress`` at ``share`` (0..1) of ``stage``'s
+    part of the whole evaluation (``_STAGES``), saying ``what`` (the stage's name by
+    default); nothing without ``progress``."""
+
+    def note(stage: str, share: float = 0.0, what: str = "") -> None:
+        if progress:
+            stages = list(_STAGES)
+            nxt = _STAGES[stages[stages.index(stage) + 1]] if stage != stages[-1] else 1.0
+            progress(_STAGES[stage] + share * (nxt - _STAGES[stage]), what or stage)
+
+    return note
+
+
+def _finished(
+    report: dict[str, Any], started: float, progress: ProgressFn | None
+) -> dict[str, Any]:
+    """``report`` with its wall time since ``started``; ``progress(1.0, "done")``."""
+    report["seconds"] = round(time.monotonic() - started, 3)
+    if progress:
+        progress(1.0, "done")
+    return report
+
+
+def _evaluate_on_node(
+    client: httpx.Client, suite: Suite, report: dict[str, Any], note: StageNote
+) -> bool:
+    """The smoke test, then (when it passed) the suite in both modes and the speed probe,
+    into ``report``. False when the smoke test failed (nothing else is run)."""
+    note("smoke", what="smoke test")
+    smoke = smoke_test(client)
+    report["smoke"] = smoke.as_dict()
+    if not smoke.passed:
+        return False
+    for mode in MODES:
+
+        def step(done: int, total: int, mode: str = mode) -> None:
+            note(mode, done / total, f"{mode}: {done}/{total} cases")
+
+        outcomes = run_cases(client, suite, mode=mode, progress=step)
+        report["modes"][mode] = summarize([o.score for o in outcomes])
+        report["cases"] += [o.row() for o in outcomes]
+    note("speed", what="speed probe")
+    report["speed"] = speed_probe(client)
+    return True
+
+
+def _measure_perplexity(
+    gguf_path: Path | str,
+    suite: Suite,
+    report: dict[str, Any],
+    note: StageNote,
+    *,
+    threads: int,
+) -> None:
+    """The perplexity of the suite's bundled text (``n_ctx`` ``PERPLEXITY_CTX``) into
+    ``report``."""
+    from inference.engine.perplexity import perplexity
+
+    note("perplexity", what="perplexity")
+    result = perplexity(gguf_path, suite.text_for_perplexity, n_ctx=PERPLEXITY_CTX, threads=threads)
+    report["perplexity"] = result.perplexity
+    report["perplexity_tokens"] = result.tokens
