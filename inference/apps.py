@@ -1,3 +1,6 @@
+"""The inference app's configuration: what it registers with the plumbing in ``ready()``
+(token resolver, metrics, the control loop's work)."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -20,3 +23,41 @@ class InferenceConfig(AppConfig):
         register_collector(metrics.routing_families)
         for name, help_text in metrics.COUNTERS.items():
             register_counter(name, help_text)
+        self.register_control_loop_work()
+
+    @staticmethod
+    def register_control_loop_work() -> None:
+        """What inference gives the control loop: the routing policy it follows
+        (``nodes.health_policy``), rolling upgrades (a step kind), and, every health-check
+        interval unless said, the package jobs' tick (with the upload sweep), the load tests'
+        tick, idle-route release, and each second the upgrades' traffic samples."""
+        from console.lib.steps import Periodic, lazy, register_periodic, register_step_kind
+        from inference.models import RoutingPolicy
+        from nodes.health_policy import health_interval_s, register_policy_source
+
+        register_policy_source(RoutingPolicy.load)
+        register_step_kind("inference.upgrades.driver.upgrades_step_kind")
+        for work in (
+            Periodic("upgrade samples", lazy("inference.upgrades.driver.upgrades_sample")),
+            Periodic(
+                "package jobs",
+                lazy("inference.packages.jobs.jobs_tick"),
+                interval_s=health_interval_s,
+                on_stop=lazy("inference.packages.jobs.jobs_shutdown"),
+            ),
+            Periodic(
+                "load tests", lazy("inference.loadtests.jobs.loadtests_tick"), health_interval_s
+            ),
+            Periodic(
+                "idle routes", lazy("inference.apps.routes_release_idle_now"), health_interval_s
+            ),
+        ):
+            register_periodic(work)
+
+
+def routes_release_idle_now() -> None:
+    """Release the session pins idle past the routing policy's ``session_idle_release_s``."""
+    from inference.models import RoutingPolicy
+    from inference.services import routes_release_idle
+
+    routes_release_idle(idle_s=RoutingPolicy.load().session_idle_release_s)

@@ -1,7 +1,10 @@
 """The control loop: probe every node at the policy's interval and keep its state true.
 
 All state lives in the database, so the loop can restart at any time. Each ``tick`` is one
-round of probes; tests call it directly.
+round of probes; tests call it directly. The policy it follows (interval, thresholds,
+timeouts) comes from the source the inference app registers (``nodes.health_policy``: the
+lower app imports no feature); the control loop's other work (step jobs, periodic work such as
+idle-route release) runs on threads of its own (``console.lib.steps``).
 """
 
 from __future__ import annotations
@@ -9,22 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.db import close_old_connections
 from django.utils import timezone
 
-from inference.models import RoutingPolicy
-from inference.services import routes_release_idle
 from nodes import client as node_client
 from nodes import services
 from nodes.device_validation import validation_note_probe
+from nodes.health_policy import HealthPolicy, health_interval_s, health_policy
 from nodes.models import Node, NodeEvent
 
 
-def canary_due(node: Node, policy: RoutingPolicy) -> bool:
+def canary_due(node: Node, policy: HealthPolicy) -> bool:
     """True when ``node`` is down (it comes back only after a real completion, not on a green
     ``/health`` alone: a node can answer that and fail every request) or has seen neither
     traffic nor a canary for ``policy.canary_idle_s``."""
@@ -70,17 +71,13 @@ class ControlLoop:
     stopped process counts as failed, not only a refused connection. Probes run in parallel.
     """
 
-    def __init__(
-        self, *, max_workers: int = 16, after_tick: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, *, max_workers: int = 16) -> None:
         self.stop_event = threading.Event()
         self.max_workers = max_workers
-        self.after_tick = after_tick  # e.g. keep a utilization sample (manage.py controlloop)
 
     def tick(self) -> TickReport:
-        """Probe every node once and apply the results; release idle pins; returns what
-        happened."""
-        policy = RoutingPolicy.load()
+        """Probe every node once and apply the results; returns what happened."""
+        policy = health_policy()
         nodes = list(
             Node.objects.select_related("package").only(
                 "node_id",
@@ -95,7 +92,6 @@ class ControlLoop:
                 "created_at",
             )
         )
-        routes_release_idle(idle_s=policy.session_idle_release_s)
         if not nodes:
             return TickReport({}, [])
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(nodes))) as pool:
@@ -125,7 +121,7 @@ class ControlLoop:
         return TickReport(statuses, events)
 
     @staticmethod
-    def check(node: Node, policy: RoutingPolicy) -> tuple[node_client.ProbeResult, bool]:
+    def check(node: Node, policy: HealthPolicy) -> tuple[node_client.ProbeResult, bool]:
         """``/health`` + ``/metrics``, then a canary completion when the node is healthy, not
         draining and has been idle for ``canary_idle_s``; returns ``(result, canary_ran)``."""
         result = node_client.probe(
@@ -147,14 +143,12 @@ class ControlLoop:
             started = time.monotonic()
             try:
                 self.tick()
-                if self.after_tick is not None:
-                    self.after_tick()
             except Exception:  # keep the loop alive through a bad tick (e.g. database locked)
                 log.exception("control loop tick failed")
             finally:
                 close_old_connections()
-            interval = RoutingPolicy.load().health_interval_s
-            self.stop_event.wait(max(0.0, interval - (time.monotonic() - started)))
+            elapsed = time.monotonic() - started
+            self.stop_event.wait(max(0.0, health_interval_s() - elapsed))
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -1,8 +1,8 @@
 """Device validation in the control plane: a node proves itself before it takes traffic.
 
-A run is a ``ValidationRun`` row the control loop advances (``validation_step``, every
-second, on a thread of its own): queued -> running (the node collects its inventory and runs its
-benchmarks, ``nodes/agent/validation.py``) -> passed | warned | failed (the compatibility
+A run is a ``ValidationRun`` row the control loop advances (``validation_advance``, every
+second, on a thread of its own: a step kind of ``console.lib.steps``): queued -> running (the
+node collects its inventory and runs its benchmarks, ``nodes/agent/validation.py``) -> passed | warned | failed (the compatibility
 matrix, ``nodes.devices.matrix``, applied here, beside the pool's figures) or error (the run
 could not finish; retried with a backoff). Runs start when a node is new or its agent
 restarted (``start``), when its inventory's fingerprint changes (``change``, with the diff) and
@@ -21,9 +21,11 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from console.lib.jobs import hold
+from console.lib.steps import StepKind
 from nodes import client as node_client
 from nodes.devices.inventory import diff
 from nodes.devices.matrix import (
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 Run = ValidationRun
 TIMEOUT_S = float(os.environ.get("PHALANX_VALIDATION_TIMEOUT_S", "300"))
 STEP_INTERVAL_S = 1.0
+LEASE_S = 30.0  # a control loop that dies mid-step holds its run this long at most
+RENEW_S = 10.0  # a step under way renews its lease this often
 RETRY_FIRST_S, RETRY_MAX_S = 60.0, 3600.0
 _VERDICT = {"pass": Run.State.PASSED, "warn": Run.State.WARNED, "fail": Run.State.FAILED}
 _NODE_STATUS = {
@@ -178,25 +182,51 @@ def validation_waive(*, node_id: str, reason: str, by: str) -> Node:
 # The step -------------------------------------------------------------------------------
 
 
-def validation_step() -> list[ValidationRun]:
-    """Advance every open run once: start queued ones, oldest first, where they measure
-    nobody else (``nodes.validation_machines``: one run per machine at a time, or several
-    when each node is pinned to CPUs of its own) and poll running ones. A run that cannot be
-    advanced (an error of ours) ends ``error`` without holding up the others. Returns the
-    open runs it found."""
-    runs = list(
-        Run.objects.filter(state__in=OPEN).select_related("node").order_by("created_at", "id")
-    )
-    busy = [_placement(r.node) for r in runs if r.state == Run.State.RUNNING]
-    for run in runs:
+def validation_due() -> list[int]:
+    """The open runs, oldest first: the ones to step now."""
+    runs = Run.objects.filter(state__in=OPEN).order_by("created_at", "id")
+    return list(runs.values_list("pk", flat=True))
+
+
+def validation_advance(run_id: int) -> None:
+    """One step of run ``run_id``, while this process holds it (``console.lib.jobs.hold`` on
+    ``lease_until``: two control loops never poll or start one run at once): poll it when
+    running; start it when queued and it measures nobody else (``nodes.validation_machines``:
+    one run per machine at a time, or several when each node is pinned to CPUs of its own;
+    ``validation_start`` reads the running runs afresh). A run that cannot be advanced (an
+    error of ours) ends ``error``."""
+    with hold(Run, run_id, lease_s=LEASE_S, renew_s=RENEW_S) as held:
+        if not held:
+            return
+        run = Run.objects.filter(pk=run_id, state__in=OPEN).select_related("node").first()
+        if run is None:
+            return
         try:
             if run.state == Run.State.RUNNING:
                 validation_poll(run)
-            elif may_start(_placement(run.node), busy) and validation_start(run):
-                busy.append(_placement(run.node))
+            else:
+                validation_start(run)
         except Exception as exc:  # one bad run must not hold up the others
             log.exception("validation %s could not be advanced", run.pk)
             _end(run, Run.State.ERROR, reason=f"the control plane could not advance it: {exc}")
+
+
+def validation_step_kind() -> StepKind:
+    """Device validations as a step kind (``nodes.apps`` registers it with the control loop's
+    runner, ``console.lib.steps``): every ``STEP_INTERVAL_S``, one step of each open run."""
+    return StepKind(
+        "validation", due=validation_due, step=validation_advance, interval_s=STEP_INTERVAL_S
+    )
+
+
+def validation_step() -> list[ValidationRun]:
+    """Advance every open run once, oldest first (``validation_advance``), without one run
+    holding up the others. Returns the open runs it found."""
+    runs = list(
+        Run.objects.filter(state__in=OPEN).select_related("node").order_by("created_at", "id")
+    )
+    for run in runs:
+        validation_advance(run.pk)
     return runs
 
 
@@ -404,21 +434,6 @@ def _end(
     changed = f"; changed since the last run: {len(run.changes)}" if run.changes else ""
     _event(node, f"validation {run.pk} {run.get_state_display().lower()}{changed}: {reason}")
     return True
-
-
-# The control loop's thread ---------------------------------------------------------------
-
-
-def run(stop: threading.Event, interval_s: float = STEP_INTERVAL_S) -> None:
-    """Step validations every ``interval_s`` until ``stop`` (``manage.py controlloop``)."""
-    while not stop.is_set():
-        try:
-            validation_step()
-        except Exception:  # a bad step (database locked) must not end validation
-            log.exception("validation step failed")
-        finally:
-            close_old_connections()
-        stop.wait(interval_s)
 
 
 def validation_wait(

@@ -274,6 +274,9 @@ class ValidationRun(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(
+        null=True, blank=True, help_text="A control loop steps it until then (one at a time)."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

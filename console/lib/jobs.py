@@ -1,5 +1,7 @@
-"""The job mechanism's shared parts: a lease on a job row, the atomic claim, the heartbeat
-thread, and the process runner that starts, watches and kills job processes.
+"""The job mechanism's shared parts: the two leases (an attempt's ``Lease`` on a job row, and
+the time lease ``hold`` on a step job's row), the atomic claim, the heartbeat thread, and the
+process runner that starts, watches and kills job processes. The registry of step kinds and
+periodic work, and the threads that run them, are ``console.lib.steps``.
 
 A job is a row with ``state``, ``attempts``, ``pid``, ``started_at`` and ``heartbeat_at``
 (package jobs and load-test runs today; docs/architecture.md, "Jobs"). It moves from
@@ -13,6 +15,14 @@ ended) cannot write over the next attempt or over the end. A running attempt bea
 leaves a task whose worker died in RUNNING for ever and has no cancel or progress
 (django-tasks-db issue 5, django-tasks issue 192), all of which these jobs need.
 
+A step job (a rolling upgrade, a device validation) has no process of its own: a control loop
+advances it one step at a time, and ``hold`` makes that one control loop at a time. It sets
+the row's ``lease_until`` ``lease_s`` ahead in one conditional UPDATE (only when it is unset
+or past: one of any number of racing holders gets it), a thread pushes it ahead every
+``renew_s`` while the step runs, and the step's end clears it. A holder killed mid-step
+(SIGKILL, a lost host) leaves the row to the next one within ``lease_s``. The attempt
+``Lease`` and this time lease are what let several control-plane replicas share the work.
+
 The plumbing imports no app: a kind passes its model class and its field names.
 """
 
@@ -25,15 +35,16 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, models
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
@@ -77,6 +88,60 @@ def claim(
             pk=job_id, state=QUEUED, **(only_if or {})
         ).update(state=RUNNING, pid=pid, heartbeat_at=now, attempts=F("attempts") + 1, **fields)
     )
+
+
+@contextmanager
+def hold(
+    model: type[models.Model],
+    pk: int,
+    *,
+    lease_s: float,
+    renew_s: float,
+    field: str = "lease_until",
+) -> Iterator[bool]:
+    """Hold step job ``pk`` of ``model`` for the ``with`` block: yields True when this caller
+    got it (``field`` was unset or past, and is now ``lease_s`` seconds ahead, renewed every
+    ``renew_s`` by a thread of its own until the block ends, then cleared), False when
+    another holder has it (the block should then do nothing)."""
+    now = timezone.now()
+    free = model.objects.filter(pk=pk).filter(  # type: ignore[attr-defined]
+        Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": now})
+    )
+    if not free.update(**{field: now + timedelta(seconds=lease_s)}):
+        yield False
+        return
+    done = threading.Event()
+    renewer = threading.Thread(
+        target=_renew,
+        args=(model, pk, field, lease_s, renew_s, done),
+        name=f"{model._meta.model_name}-{pk}-lease",
+    )
+    renewer.start()
+    try:
+        yield True
+    finally:
+        done.set()
+        renewer.join()  # before the release: a late renewal would hold the row
+        model.objects.filter(pk=pk).update(**{field: None})  # type: ignore[attr-defined]
+
+
+def _renew(
+    model: type[models.Model],
+    pk: int,
+    field: str,
+    lease_s: float,
+    renew_s: float,
+    done: threading.Event,
+) -> None:
+    """Every ``renew_s`` until ``done``: push the row's lease ``lease_s`` ahead."""
+    try:
+        while not done.wait(renew_s):
+            until = timezone.now() + timedelta(seconds=lease_s)
+            model.objects.filter(pk=pk).update(**{field: until})  # type: ignore[attr-defined]
+    except Exception:  # the step goes on; at worst another holder takes over after lease_s
+        log.exception("%s %s: lease renewal failed", model._meta.model_name, pk)
+    finally:
+        connection.close()  # this thread's own
 
 
 def beat_is_fresh(beat: datetime | None, stale_s: float) -> bool:

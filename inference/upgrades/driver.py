@@ -25,15 +25,14 @@ version at once.
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from django.db import close_old_connections, connection
-from django.db.models import Q
 from django.utils import timezone
 
+from console.lib.jobs import hold
+from console.lib.steps import StepKind
 from inference.models import SessionRoute, Upgrade
 from inference.packages.evaluation.smoke import smoke_test
 from inference.upgrades.bake import bake_step
@@ -60,37 +59,43 @@ State, Step = Upgrade.State, Upgrade.Step
 SMOKE_TIMEOUT_S = 120.0
 
 
-def upgrades_tick() -> None:
-    """One step of every upgrade under way, and a traffic sample of each."""
-    for upgrade_id in Upgrade.objects.filter(
-        state__in=(State.PENDING, State.RUNNING, State.ROLLING_BACK)
-    ).values_list("pk", flat=True):
-        try:
-            step(upgrade_id)
-        except Exception as exc:  # a bad step must not stop the others; it is retried
-            log.exception("upgrade %s: step failed", upgrade_id)
-            upgrade = Upgrade.objects.get(pk=upgrade_id)
-            message = f"step failed, retried next tick: {exc}"
-            last = upgrade.events.order_by("-at", "-id").values_list("message", flat=True).first()
-            if last != message:  # once, not every second
-                upgrade_event(upgrade, "error", message)
+def upgrades_due() -> list[int]:
+    """The upgrades under way (pending, running, rolling back): the ones to step now."""
+    under_way = Upgrade.objects.filter(state__in=(State.PENDING, State.RUNNING, State.ROLLING_BACK))
+    return list(under_way.values_list("pk", flat=True))
+
+
+def upgrade_step_failed(upgrade_id: int, exc: Exception) -> None:
+    """Say on the upgrade's page that a step raised (once, not every second); the step is
+    retried next tick."""
+    upgrade = Upgrade.objects.get(pk=upgrade_id)
+    message = f"step failed, retried next tick: {exc}"
+    last = upgrade.events.order_by("-at", "-id").values_list("message", flat=True).first()
+    if last != message:
+        upgrade_event(upgrade, "error", message)
+
+
+def upgrades_sample() -> None:
+    """A traffic sample of every upgrade under way or paused."""
     for upgrade in Upgrade.objects.filter(
         state__in=(State.RUNNING, State.PAUSED, State.ROLLING_BACK)
     ):
         sample(upgrade)
 
 
-def run(stop: threading.Event, interval_s: float = 1.0) -> None:
-    """``upgrades_tick`` every ``interval_s`` until ``stop`` is set (a thread of the control
-    loop: a smoke test takes seconds and must not hold up health checks)."""
-    while not stop.is_set():
-        try:
-            upgrades_tick()
-        except Exception:
-            log.exception("upgrade tick failed")
-        finally:
-            close_old_connections()
-        stop.wait(interval_s)
+def upgrades_step_kind() -> StepKind:
+    """Rolling upgrades as a step kind (``inference.apps`` registers it with the control
+    loop's runner, ``console.lib.steps``): every second, one ``step`` of each upgrade due."""
+    return StepKind(
+        "upgrade", due=upgrades_due, step=step, interval_s=1.0, on_error=upgrade_step_failed
+    )
+
+
+def upgrades_tick() -> None:
+    """One step of every upgrade under way, and a traffic sample of each (``manage.py
+    upgrade``, tests; the control loop runs the two on threads of their own)."""
+    upgrades_step_kind().tick()
+    upgrades_sample()
 
 
 LEASE_S = 30.0  # a driver that dies mid-step holds its upgrade this long at most
@@ -99,21 +104,12 @@ RENEW_S = 10.0  # a step under way renews the lease this often (a smoke chat tak
 
 def step(upgrade_id: int) -> Upgrade | None:
     """Advance one upgrade by one step; returns it as saved, or None when another driver
-    holds it (``lease_until``: one driver steps an upgrade at a time). The lease is renewed
-    every ``RENEW_S`` while the step runs, so a driver killed mid-step (SIGKILL, a lost host)
-    leaves it to the next one within ``LEASE_S``."""
-    now = timezone.now()
-    leased = Upgrade.objects.filter(pk=upgrade_id).filter(
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    )
-    if not leased.update(lease_until=now + timedelta(seconds=LEASE_S)):
-        return None
-    done = threading.Event()
-    renewer = threading.Thread(
-        target=_renew_lease, args=(upgrade_id, done), name=f"upgrade-{upgrade_id}-lease"
-    )
-    renewer.start()
-    try:
+    holds it (``console.lib.jobs.hold`` on ``lease_until``: one driver steps an upgrade at a
+    time). The lease is renewed every ``RENEW_S`` while the step runs, so a driver killed
+    mid-step (SIGKILL, a lost host) leaves it to the next one within ``LEASE_S``."""
+    with hold(Upgrade, upgrade_id, lease_s=LEASE_S, renew_s=RENEW_S) as held:
+        if not held:
+            return None
         upgrade = Upgrade.objects.select_related("from_package", "to_package").get(pk=upgrade_id)
         started_as = upgrade.state
         if upgrade.state == State.PENDING:
@@ -125,23 +121,7 @@ def step(upgrade_id: int) -> Upgrade | None:
         elif upgrade.state == State.ROLLING_BACK:
             _backward(upgrade)
         _save(upgrade, started_as)
-    finally:
-        done.set()
-        renewer.join()  # before the release: a late renewal would hold the upgrade
-        Upgrade.objects.filter(pk=upgrade_id).update(lease_until=None)
     return Upgrade.objects.get(pk=upgrade_id)
-
-
-def _renew_lease(upgrade_id: int, done: threading.Event) -> None:
-    """Every ``RENEW_S`` until ``done``: push the upgrade's lease ``LEASE_S`` ahead."""
-    try:
-        while not done.wait(RENEW_S):
-            until = timezone.now() + timedelta(seconds=LEASE_S)
-            Upgrade.objects.filter(pk=upgrade_id).update(lease_until=until)
-    except Exception:  # the step goes on; at worst another driver takes over after LEASE_S
-        log.exception("upgrade %s: lease renewal failed", upgrade_id)
-    finally:
-        connection.close()  # this thread's own
 
 
 DRIVER_FIELDS = (

@@ -1,8 +1,10 @@
 """The one job mechanism (``console.lib.jobs``), once, on SQLite (the embedded default) and on
 the machine's PostgreSQL (the scale-out mode): claimers racing for one job (exactly one
-wins), a lease that runs out (the given-up attempt writes nothing), a killed job process
-found dead by the process runner. The kinds' own tests (package jobs, load-test runs) cover
-their steps and hooks."""
+wins), a lease that runs out (the given-up attempt writes nothing), holders racing for one
+step job's time lease (exactly one gets it), a hold whose renewal stopped (another holder
+takes it after ``lease_s``, not before), a killed job process found dead by the process
+runner. The runner of step kinds and periodic work is ``test_steps.py``; the kinds' own tests
+(package jobs, load-test runs, upgrades, validations) cover their steps and hooks."""
 
 from __future__ import annotations
 
@@ -54,12 +56,64 @@ CHECKS = textwrap.dedent(
 )
 
 
-def run_checks(env: dict[str, str]) -> str:
+# the time lease of step jobs (``hold``), on a validation run
+HOLD_CHECKS = textwrap.dedent(
+    """
+    import threading, time
+    from django.db import connection
+    from console.lib.jobs import hold
+    from nodes.models import Node, ValidationRun
+
+    node = Node.objects.create(node_id="node-h1", address="127.0.0.1:1")
+    run = ValidationRun.objects.create(node=node, trigger="demand")
+    got, start, held = [], threading.Barrier(8), threading.Barrier(8)
+
+    def race():
+        start.wait()
+        try:
+            with hold(ValidationRun, run.pk, lease_s=30, renew_s=10) as mine:
+                got.append(mine)
+                held.wait()  # every racer answers while the winner still holds it
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    after = ValidationRun.objects.get(pk=run.pk).lease_until
+    print("holders", got.count(True), "refused", got.count(False), "left", after)
+
+    def other():  # another control loop: a connection of its own
+        out = []
+        def take():
+            try:
+                with hold(ValidationRun, run.pk, lease_s=30, renew_s=10) as mine:
+                    out.append(mine)
+            finally:
+                connection.close()
+        t = threading.Thread(target=take)
+        t.start()
+        t.join()
+        return out[0]
+
+    with hold(ValidationRun, run.pk, lease_s=0.6, renew_s=0.1) as mine:
+        time.sleep(1.5)  # renewed meanwhile: still this holder's
+        renewed = other()
+    with hold(ValidationRun, run.pk, lease_s=0.6, renew_s=60) as mine:  # no renewal in time
+        early = other()
+        time.sleep(0.8)
+        late = other()
+    print("renewed", renewed, "early", early, "run out", late)
+    """
+)
+
+
+def run_checks(env: dict[str, str], checks: str = CHECKS) -> str:
     manage = [sys.executable, "manage.py"]
     full = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "console.settings"}
     subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=full, check=True)
     done = subprocess.run(
-        [*manage, "shell", "-v0", "-c", CHECKS], cwd=REPO, env=full, capture_output=True, text=True
+        [*manage, "shell", "-v0", "-c", checks], cwd=REPO, env=full, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -67,11 +121,18 @@ def run_checks(env: dict[str, str]) -> str:
 
 # every claimer got an answer (none failed on a lock), one won
 EXPECTED = "winners 1 losers 7 attempts 1 state running\nstale writes 0 holds False True\n"
+# one holder got the step job, the lease is cleared at the end; renewal keeps it, expiry frees it
+HOLD_EXPECTED = "holders 1 refused 7 left None\nrenewed False early False run out True\n"
 
 
 def test_on_sqlite_one_claimer_wins_and_a_given_up_lease_writes_nothing(tmp_path):
     env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": ""}  # none: the embedded SQLite
     assert run_checks(env) == EXPECTED
+
+
+def test_on_sqlite_one_holder_gets_a_step_job_until_its_lease_runs_out(tmp_path):
+    env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": ""}
+    assert run_checks(env, HOLD_CHECKS) == HOLD_EXPECTED
 
 
 @pytest.fixture
@@ -97,6 +158,13 @@ def test_on_postgresql_one_claimer_wins_and_a_given_up_lease_writes_nothing(
 ):
     env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": postgres_database}
     assert run_checks(env) == EXPECTED
+
+
+def test_on_postgresql_one_holder_gets_a_step_job_until_its_lease_runs_out(
+    tmp_path, postgres_database
+):
+    env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": postgres_database}
+    assert run_checks(env, HOLD_CHECKS) == HOLD_EXPECTED
 
 
 def test_a_dead_job_process_is_seen_and_a_kill_takes_its_whole_group(settings, tmp_path):
