@@ -10,9 +10,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.config import EngineConfig, default_host_ram_mib
 from inference.engine.scheduler import Engine
-from nodes.agent.app import NodeApp, NodeIdentity
+from nodes.agent.app import NodeApp
 from nodes.agent.auth import CredentialCheck, NoCredential
 from nodes.agent.factory import chat_service_for
+from nodes.agent.node_state import NodeIdentity
 from nodes.agent.validation import DeviceValidation
 from nodes.devices.host import host_from_environment
 

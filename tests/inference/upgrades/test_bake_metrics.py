@@ -20,8 +20,10 @@ from inference.engine.request import Failed, Finished
 from inference.models import RoutingPolicy, Upgrade
 from inference.upgrades import driver, services
 from nodes import client as node_client
-from nodes.agent.app import NodeApp, NodeIdentity, _record
+from nodes.agent.app import NodeApp
 from nodes.agent.auth import CredentialCheck
+from nodes.agent.chat_endpoint import _record
+from nodes.agent.node_state import NodeIdentity
 from nodes.control import ControlLoop
 from nodes.credentials import node_credential
 from nodes.models import Node
