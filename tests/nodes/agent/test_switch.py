@@ -99,8 +99,12 @@ def test_a_file_that_is_not_what_was_announced_is_not_loaded(node, other_gguf) -
     assert health["model"] == OLD and health["switch"]["state"] == "failed"
 
 
-def test_a_stream_started_before_the_switch_ends_on_the_old_package(node, other_gguf) -> None:
-    path, sha = other_gguf
+def start_long_stream(
+    node,
+) -> tuple[threading.Thread, list[dict], list[float], threading.Event]:
+    """A long stream on the old package, read on a thread of its own: the thread, the events it
+    has read, when it read ``[DONE]`` and whether it has; returns once three events are in (or
+    after 60 s)."""
     events: list[dict] = []
     ended: list[float] = []
     done = threading.Event()
@@ -129,6 +133,12 @@ def test_a_stream_started_before_the_switch_ends_on_the_old_package(node, other_
     deadline = time.monotonic() + 60
     while len(events) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
+    return reader, events, ended, done
+
+
+def test_a_stream_started_before_the_switch_ends_on_the_old_package(node, other_gguf) -> None:
+    path, sha = other_gguf
+    reader, events, ended, done = start_long_stream(node)
     accepted = put(node, {"model_path": str(path), "package": "smol-chatml", "sha256": sha})
     assert accepted.status_code == 202
     assert put(node, {"model_path": str(path), "package": "again"}).status_code == 409
