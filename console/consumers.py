@@ -102,7 +102,7 @@ def _loadtest_state(run_id: int, after: int) -> dict[str, Any] | None:
     close_old_connections()
     run = (
         LoadTestRun.objects.filter(pk=run_id)
-        .values("state", "progress", "message", "live", "error", "stop_requested")
+        .values("state", "progress", "message", "live", "error", "cancel_requested")
         .first()
     )
     if run is None:
@@ -121,7 +121,7 @@ class LoadTestConsumer(AsyncJsonWebsocketConsumer):
     follows the run's row (every ``LOADTEST_POLL_S``) rather than a channel group.
 
     Server -> client: ``{"type": "run", "run": {state, progress, message, live, error,
-    stop_requested, finished}, "samples": [{"id", "t", "data"}]}`` whenever either changed
+    cancel_requested, finished}, "samples": [{"id", "t", "data"}]}`` whenever either changed
     (all kept samples first), then ``{"type": "finished", "state": ...}`` once the run has
     ended. Errors: 4401/4403 as ``/ws/live/``, 4404 for an unknown run."""
 

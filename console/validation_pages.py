@@ -73,7 +73,7 @@ def validation_node(request: HttpRequest, node_id: str) -> HttpResponse:
         raise Http404(f"No node {node_id!r}.")
     runs = list(node.validation_runs.defer("inventory", "engine")[:50])
     report = node.validation_runs.filter(inventory__isnull=False).first()
-    open_run = next((r for r in runs if not r.ended), None)
+    open_run = next((r for r in runs if not r.finished), None)
     return _render(
         request,
         "console/validation_node.html",

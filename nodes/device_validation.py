@@ -448,6 +448,6 @@ def validation_wait(
         run.refresh_from_db()
         if on_step is not None:
             on_step(run)
-        if run.ended or timezone.now() > deadline:
+        if run.finished or timezone.now() > deadline:
             return run
         threading.Event().wait(STEP_INTERVAL_S)

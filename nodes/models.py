@@ -234,7 +234,7 @@ class ValidationRun(models.Model):
         FAILED = "failed", "Failed"
         ERROR = "error", "Could not run"
 
-    ENDED = (State.PASSED, State.WARNED, State.FAILED, State.ERROR)
+    FINISHED = (State.PASSED, State.WARNED, State.FAILED, State.ERROR)
     STATE_COLOURS = {
         State.QUEUED: "grey",
         State.RUNNING: "blue",
@@ -285,6 +285,6 @@ class ValidationRun(models.Model):
         return f"validation {self.pk} of {self.node.node_id}: {self.state}"
 
     @property
-    def ended(self) -> bool:
+    def finished(self) -> bool:
         """True once the run has its verdict (or could not finish)."""
-        return self.state in self.ENDED
+        return self.state in self.FINISHED

@@ -139,7 +139,7 @@ def validation_estimate(node_ids: Sequence[str]) -> Estimate:
     nodes = list(Node.objects.filter(node_id__in=node_ids).order_by("node_id"))
     recent = [
         w
-        for r in Run.objects.filter(state__in=Run.ENDED).exclude(state=Run.State.ERROR)[:20]
+        for r in Run.objects.filter(state__in=Run.FINISHED).exclude(state=Run.State.ERROR)[:20]
         if (w := _run_wall_s(r)) is not None
     ]
     walls = [_run_wall_s(_last_ended(n)) for n in nodes]

@@ -62,7 +62,7 @@ class RunOut(Schema):
     progress: float = Field(description="0..1")
     message: str
     live: dict[str, Any] = Field(description="the latest live figures (runner.LoadRun.live)")
-    stop_requested: bool
+    cancel_requested: bool
     finished: bool = Field(description="succeeded, stopped or failed")
     profile: bool
     error: str
@@ -104,7 +104,7 @@ def run_out(run: LoadTestRun) -> dict[str, Any]:
         "progress": run.progress,
         "message": run.message,
         "live": run.live,
-        "stop_requested": run.stop_requested,
+        "cancel_requested": run.cancel_requested,
         "finished": run.finished,
         "profile": run.profile,
         "error": run.error,

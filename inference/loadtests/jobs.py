@@ -7,7 +7,7 @@ The row is the truth. The worker writes the live figures and a heartbeat once a 
 whose worker died (the machine, the control loop or the worker restarted; its heartbeat is
 older than ``LOADTEST_STALE_S``) is queued again and resumes after its last finished step, up
 to ``MAX_ATTEMPTS`` times; the steps it had finished keep their records. A stop is the row's
-``stop_requested``: the worker polls it four times a second and stops every open request.
+``cancel_requested``: the worker polls it four times a second and stops every open request.
 
 Claiming: ``queued -> running`` in one conditional UPDATE, by the control loop (which then
 starts the worker) or by ``manage.py loadtest`` running in its own process; each write of a
@@ -209,7 +209,7 @@ class Worker:
 
     def _stop_wanted(self) -> bool:
         rows = self.claim.rows()
-        return not rows.exists() or rows.filter(stop_requested=True).exists()
+        return not rows.exists() or rows.filter(cancel_requested=True).exists()
 
     def _tick(self, live: dict[str, Any]) -> None:
         LoadTestSample.objects.create(run_id=self.run.pk, t=live["t"], data=live)
@@ -358,7 +358,7 @@ def loadtests_tick() -> None:
     """Give up on runs whose worker died (queue them again to resume, or fail them), then
     start the oldest queued run when none is running."""
     close_old_connections()
-    light = ("pk", "state", "attempts", "stop_requested", "heartbeat_at", "started_at")
+    light = ("pk", "state", "attempts", "cancel_requested", "heartbeat_at", "started_at")
     for run in LoadTestRun.objects.filter(state=State.RUNNING).only(*light):
         if not _alive(run):
             _worker_gone(run)
@@ -384,11 +384,11 @@ def _worker_gone(run: LoadTestRun) -> None:
     measured, or queue it again to resume after its last finished step."""
     PROCESSES.kill(run.pk, grace_s=0)  # a worker of ours that no longer beats is hung
     rows = LoadTestRun.objects.filter(pk=run.pk, state=State.RUNNING, attempts=run.attempts)
-    if run.stop_requested or run.attempts >= MAX_ATTEMPTS:
-        why = "stopped" if run.stop_requested else f"its worker stopped {run.attempts} times"
+    if run.cancel_requested or run.attempts >= MAX_ATTEMPTS:
+        why = "stopped" if run.cancel_requested else f"its worker stopped {run.attempts} times"
         ended = rows.update(
-            state=State.STOPPED if run.stop_requested else State.FAILED,
-            error="" if run.stop_requested else why,
+            state=State.STOPPED if run.cancel_requested else State.FAILED,
+            error="" if run.cancel_requested else why,
             message=why,
             finished_at=timezone.now(),
         )

@@ -76,7 +76,7 @@ class LoadTestRun(models.Model):
     elapsed_s = models.FloatField(default=0.0, help_text="Seconds run so far, all attempts.")
     report = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
-    stop_requested = models.BooleanField(default=False)
+    cancel_requested = models.BooleanField(default=False)
     pid = models.PositiveIntegerField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     heartbeat_at = models.DateTimeField(null=True, blank=True)

@@ -273,7 +273,7 @@ def loadtest_stop(*, run_id: int) -> LoadTestRun:
         raise Conflict(f"Load test {run_id} has already {run.state}.", code="loadtest_finished")
     ended = LoadTestRun.objects.filter(pk=run_id, state=State.QUEUED).update(
         state=State.STOPPED,
-        stop_requested=True,
+        cancel_requested=True,
         message="stopped before it began",
         finished_at=timezone.now(),
     )
@@ -285,7 +285,7 @@ def loadtest_stop(*, run_id: int) -> LoadTestRun:
         report_write(run_id)  # a run queued to resume keeps what its finished steps measured
     else:
         LoadTestRun.objects.filter(pk=run_id, state=State.RUNNING).update(
-            stop_requested=True, message="stopping"
+            cancel_requested=True, message="stopping"
         )
     audit_record(action="loadtest.stop", target=f"loadtest:{run_id}")
     run.refresh_from_db()

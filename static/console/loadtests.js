@@ -72,7 +72,7 @@
     const pct = Math.round(run.progress * 100);
     if (bar) bar.value = pct;
     text("lt-percent", pct + "%");
-    text("lt-message", run.stop_requested && !run.finished ? "stopping…" : run.message);
+    text("lt-message", run.cancel_requested && !run.finished ? "stopping…" : run.message);
     const state = document.getElementById("lt-state");
     if (state) {
       state.textContent = run.state.charAt(0).toUpperCase() + run.state.slice(1);

@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   const POLL_MS = 1000;
-  const ENDED = new Set(["passed", "warned", "failed", "error"]);
+  const FINISHED = new Set(["passed", "warned", "failed", "error"]);
 
   // One axis per unit (GB/s beside tok/s on one axis made neither readable): the figures of
   // each unit side by side on their own x and y axes, each y axis titled with its unit.
@@ -47,7 +47,7 @@
       if (response.ok) {
         const run = await response.json();
         showProgress(run);
-        if (ENDED.has(run.state)) { window.location.reload(); return; }
+        if (FINISHED.has(run.state)) { window.location.reload(); return; }
       }
     } catch (err) { /* the next poll tries again */ }
     setTimeout(() => follow(runId), POLL_MS);

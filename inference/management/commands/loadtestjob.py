@@ -27,7 +27,7 @@ def stop_on_signal(run_id: int) -> None:
 
     def ask(*_: object) -> None:
         threading.Thread(
-            target=lambda: LoadTestRun.objects.filter(pk=run_id).update(stop_requested=True)
+            target=lambda: LoadTestRun.objects.filter(pk=run_id).update(cancel_requested=True)
         ).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

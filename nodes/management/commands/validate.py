@@ -46,11 +46,11 @@ class Command(ArrayCommand):
             run = validation_wait(run, on_step=self._progress)
         run = ValidationRun.objects.select_related("node").get(pk=run.pk)
         self.stdout.write(_run_out(run, ValidationRunOut).model_dump_json())
-        if not run.ended or run.state in (ValidationRun.State.FAILED, ValidationRun.State.ERROR):
+        if not run.finished or run.state in (ValidationRun.State.FAILED, ValidationRun.State.ERROR):
             sys.exit(1)
 
     def _progress(self, run: ValidationRun) -> None:
-        if run.ended:
+        if run.finished:
             for rule in run.rules:
                 self.stderr.write(f"  {rule['status']:4}  {rule['rule']}: {rule['reason']}")
             self.stderr.write(f"{run.node.node_id}: {run.state} in {run.seconds or 0:.1f} s")

@@ -75,7 +75,7 @@ MEASURED = {
 
 @pytest.mark.django_db(transaction=True)
 def test_a_stop_reaches_a_run_whose_worker_is_gone_and_keeps_what_it_measured(no_spawn):
-    run = running(stop_requested=True, **MEASURED)
+    run = running(cancel_requested=True, **MEASURED)
     jobs.loadtests_tick()
     run.refresh_from_db()
     assert run.state == "stopped"
@@ -182,7 +182,7 @@ def test_a_run_given_up_on_has_every_attempts_token_revoked(no_spawn):
 def test_a_stop_revokes_the_runs_tokens_whether_its_worker_is_gone_or_it_was_queued(no_spawn):
     from inference.loadtests.services import loadtest_stop
 
-    gone = running(stop_requested=True)
+    gone = running(cancel_requested=True)
     gone_token = minted(gone)
     jobs.loadtests_tick()
     assert LoadTestRun.objects.get(pk=gone.pk).state == "stopped" and not valid(gone_token)

@@ -149,7 +149,7 @@ def test_a_run_from_the_api_runs_in_a_worker_and_stops_keeping_what_it_measured(
         headers = {"Authorization": f"Bearer {array.token}"}
         assert httpx.get(f"{array.url}{path}", headers=headers, timeout=30).status_code == 200
     during = array.api("GET", f"/loadtests/{run_id}").json()
-    assert during["state"] == "running" and not during["stop_requested"]
+    assert during["state"] == "running" and not during["cancel_requested"]
 
     answered = during["live"]["answered"]
     stop = array.api("POST", f"/loadtests/{run_id}/stop")
