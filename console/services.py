@@ -156,17 +156,9 @@ def node_remove(*, node_id: str) -> None:
 def node_set_drained(*, node_id: str, drained: bool) -> NodeEvent | None:
     """Drain (no new sessions; pinned ones move at their next turn) or undrain a node; returns
     the event, or None when it already was so. Raises ``NotFound``."""
-    before = _node(node_id).state
+    _node(node_id)
     service = node_services.node_drain if drained else node_services.node_undrain
-    event = service(node_id=node_id, by=current_actor())  # it sends the live event
-    if event is not None:
-        after = _node(node_id).state
-        audit_record(
-            action="node.drain" if drained else "node.undrain",
-            target=node_id,
-            changes=diff({"state": before}, {"state": after}),
-        )
-    return event
+    return service(node_id=node_id, by=current_actor())  # it sends the live event and audits
 
 
 @transaction.atomic

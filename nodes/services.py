@@ -135,30 +135,43 @@ def node_record_restart(*, node_id: str, message: str, actor: str = UP) -> NodeE
 @transaction.atomic
 def node_drain(*, node_id: str, by: str = "operator") -> NodeEvent | None:
     """Stop new sessions to the node; its pinned sessions move at their next turn. ``by``
-    names who drains it in the event ("operator", "upgrade 3")."""
+    names who drains it in the event and the audit entry ("alice", "upgrade 3")."""
     node = Node.objects.select_for_update().get(node_id=node_id)
     if node.state == Node.State.DRAINING:
         return None
+    before = node.state
     event = _set_state(
         node, Node.State.DRAINING, NodeEvent.Kind.DRAINED, f"drained by {by}", actor=by
     )
     node.save()
+    _audit_state(node, "node.drain", before, by=by)
     return event
 
 
 @transaction.atomic
 def node_undrain(*, node_id: str, by: str = "operator") -> NodeEvent | None:
     """Let a drained node take traffic again once the control loop sees it healthy. ``by``
-    names who undrains it in the event."""
+    names who undrains it in the event and the audit entry."""
     node = Node.objects.select_for_update().get(node_id=node_id)
     if node.state != Node.State.DRAINING:
         return None
+    before = node.state
     event = _set_state(
         node, Node.State.UNKNOWN, NodeEvent.Kind.UNDRAINED, f"undrained by {by}", actor=by
     )
     node.consecutive_failures = 0
     node.save()
+    _audit_state(node, "node.undrain", before, by=by)
     return event
+
+
+def _audit_state(node: Node, action: str, before: str, *, by: str) -> None:
+    with acting_as(by):
+        audit_record(
+            action=action,
+            target=node.node_id,
+            changes=diff({"state": before}, {"state": node.state}),
+        )
 
 
 class NotRestartable(ValueError):

@@ -71,3 +71,23 @@ def test_it_audits_the_weight_of_a_surge_node_and_tells_open_pages(
     # a weight change logs no node event: its live messages are the ones without one
     told = [m for m in sent if m.get("node", {}).get("node_id") == "n3" and "event" not in m]
     assert len(told) == 2 and told[-1]["node"]["weight"] == 0.0
+
+
+def test_it_audits_the_drain_and_undrain_of_each_node_by_the_upgrade(fleet, packages):
+    old, new = packages
+    upgrade = services.upgrade_start(
+        from_package_id=old.pk,
+        to_package_id=new.pk,
+        settings={"max_unavailable": 3, "bake_s": 0, "no_traffic": "proceed"},
+    )
+    assert run_to_end(upgrade).state == "succeeded"
+    by = f"upgrade {upgrade.pk}"
+    for node_id in ("n1", "n2", "n3"):
+        entries = AuditEntry.objects.filter(
+            target=node_id, action__in=["node.drain", "node.undrain"]
+        )
+        assert [(e.action, e.actor) for e in entries.order_by("id")] == [
+            ("node.drain", by),
+            ("node.undrain", by),
+        ]
+        assert entries.get(action="node.drain").changes == ["state: up \u2192 draining"]
