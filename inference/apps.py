@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+UPLOAD_SWEEP_S = 60.0  # abandoned uploads are removed after a day; a minute late is no matter
+
 
 class InferenceConfig(AppConfig):
     name = "inference"
@@ -29,8 +31,9 @@ class InferenceConfig(AppConfig):
     def register_control_loop_work() -> None:
         """What inference gives the control loop: the routing policy it follows
         (``nodes.health_policy``), rolling upgrades (a step kind), and, every health-check
-        interval unless said, the package jobs' tick (with the upload sweep), the load tests'
-        tick, idle-route release, and each second the upgrades' traffic samples."""
+        interval unless said, the package jobs' tick, the load tests' tick, idle-route release,
+        each second the upgrades' traffic samples, and every ``UPLOAD_SWEEP_S`` the sweep of
+        abandoned uploads."""
         from console.lib.steps import Periodic, lazy, register_periodic, register_step_kind
         from inference.models import RoutingPolicy
         from nodes.health_policy import health_interval_s, register_policy_source
@@ -47,6 +50,11 @@ class InferenceConfig(AppConfig):
             ),
             Periodic(
                 "load tests", lazy("inference.loadtests.jobs.loadtests_tick"), health_interval_s
+            ),
+            Periodic(
+                "upload sweep",
+                lazy("inference.packages.uploads.uploads_collect_stale"),
+                UPLOAD_SWEEP_S,
             ),
             Periodic(
                 "idle routes", lazy("inference.apps.routes_release_idle_now"), health_interval_s

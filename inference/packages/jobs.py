@@ -327,10 +327,7 @@ RUNNERS = {
 
 
 def jobs_tick() -> None:
-    """Cancel, reap and resume running jobs; start the oldest queued one when none runs;
-    sweep abandoned uploads."""
-    from inference.packages.uploads import uploads_collect_stale
-
+    """Cancel, reap and resume running jobs; start the oldest queued one when none runs."""
     close_old_connections()
     for job in PackageJob.objects.filter(state=State.RUNNING):
         _watch(job)
@@ -339,7 +336,6 @@ def jobs_tick() -> None:
         job = PackageJob.objects.filter(state=State.QUEUED).order_by("created_at", "id").first()
         if job is not None:
             _start(job)
-    uploads_collect_stale()
 
 
 def _watch(job: PackageJob) -> None:

@@ -119,4 +119,5 @@ def test_the_apps_register_their_kinds_and_periodic_work():
         "package jobs",
         "load tests",
         "idle routes",
+        "upload sweep",
     }

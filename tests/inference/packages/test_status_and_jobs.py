@@ -327,3 +327,19 @@ def test_every_step_a_job_reports_is_in_its_log_while_it_runs():
     job.refresh_from_db()
     assert job.log == "reading smol:1\nquantizing 30 of 112 tensors"
     assert (job.progress, job.message) == (0.27, "quantizing 30 of 112 tensors")
+
+
+def test_the_control_loop_sweeps_abandoned_uploads_as_periodic_work_of_its_own(home):
+    from console.lib import steps
+    from inference.packages import uploads
+
+    abandoned = uploads.upload_begin(name="m", size=10)
+    uploads.upload_append(upload_id=abandoned.id, offset=0, data=b"GGUF")
+    day_ago = time.time() - uploads.STALE_AFTER_S - 60
+    os.utime(
+        home / "packages" / "incoming" / "uploads" / abandoned.id / "data.part", (day_ago,) * 2
+    )
+    sweep = next(item for item in steps.registered() if item.name == "upload sweep")
+    sweep.tick()  # what the control loop's thread for it does every UPLOAD_SWEEP_S
+    with pytest.raises(Exception, match="No upload"):
+        uploads.upload_get(upload_id=abandoned.id)
