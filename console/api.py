@@ -36,7 +36,16 @@ class StrictJsonParser(Parser):
         return decode_json(request.body)
 
 
-api = NinjaAPI(
+class PhalanxApi(NinjaAPI):
+    """The NinjaAPI whose OpenAPI ``operationId`` is the operation's function name
+    (``nodes_list``, ``package_get``): stable when a router moves to another module (ninja's
+    default prefixes the module path). Names are unique across routers (a test checks)."""
+
+    def get_openapi_operation_id(self, operation: Any) -> str:
+        return str(operation.view_func.__name__)
+
+
+api = PhalanxApi(
     title="Phalanx admin API",
     parser=StrictJsonParser(),
     version="1",
@@ -95,10 +104,10 @@ def _bad_input(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 
 from console.api_config import router as config_router  # noqa: E402
-from console.api_tokens import router as tokens_router  # noqa: E402
 from inference.api import router as inference_router  # noqa: E402
 from inference.loadtests.api import router as loadtests_router  # noqa: E402
 from inference.packages.api import router as packages_router  # noqa: E402
+from inference.token_api import router as tokens_router  # noqa: E402
 from inference.upgrades.api import router as upgrades_router  # noqa: E402
 from nodes.api import router as nodes_router  # noqa: E402
 from nodes.api_validation import router as validation_router  # noqa: E402

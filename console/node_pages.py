@@ -19,6 +19,7 @@ from console.lib.errors import ConsoleError
 from console.models import Role
 from console.views import _flash_error, _render
 from nodes.models import Node
+from nodes.selectors import nodes_with_sessions
 
 
 @role_required(Role.VIEWER)
@@ -47,7 +48,7 @@ def nodes(request: HttpRequest) -> HttpResponse:
         "console/nodes.html",
         {
             "page": "nodes",
-            "nodes": selectors.nodes_with_sessions(),
+            "nodes": nodes_with_sessions(),
             "form": form,
         },
         status=400 if form.errors else 200,
@@ -140,5 +141,5 @@ def utilization(request: HttpRequest) -> HttpResponse:
     return _render(
         request,
         "console/utilization.html",
-        {"page": "utilization", "nodes": selectors.nodes_with_sessions()},
+        {"page": "utilization", "nodes": nodes_with_sessions()},
     )

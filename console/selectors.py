@@ -6,87 +6,22 @@ the audit log. A question a feature owns is asked by the feature's selectors
 from __future__ import annotations
 
 import difflib
-import os
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 
 from console.models import ArrayConfig, AuditEntry
-from inference.models import ApiToken, ModelPackage, PackageJob, SessionRoute
+from inference.models import ModelPackage, PackageJob, SessionRoute
+from inference.packages.selectors import count_human, gguf_facts
 from inference.selectors import served_models, session_route
 from nodes.models import Node, NodeEvent
-from nodes.selectors import nodes_status
-
-
-@dataclass(frozen=True)
-class GgufOnDisk:
-    """What a GGUF file says of itself: architecture, parameter count (sum of tensor sizes),
-    quantization type, context length (tokens), chat template, tensor count, file size (bytes).
-    ``error`` is set (and the rest empty) when the file is missing or unreadable here."""
-
-    exists: bool
-    size_bytes: int | None = None
-    architecture: str = ""
-    parameters: int | None = None
-    quantization: str = ""
-    context_length: int | None = None
-    chat_template: str = ""
-    tensors: int | None = None
-    name: str = ""
-    error: str = ""
-
-    @property
-    def parameters_human(self) -> str:
-        """``135M``, ``1.7B`` ..."""
-        return count_human(self.parameters)
-
-
-def count_human(count: int | None) -> str:
-    """``134515008`` -> ``135M``, ``1.7e9`` -> ``1.7B``; None or 0 -> ``—``."""
-    if not count:
-        return "—"
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= size:
-            return f"{count / size:.3g}{unit}"
-    return str(count)
-
-
-@lru_cache(maxsize=64)
-def _facts(path: str, mtime: float, size: int) -> GgufOnDisk:
-    from inference.packages.gguf_files import read_facts
-
-    try:
-        facts = read_facts(path)
-    except Exception as exc:  # a damaged file still says what is wrong with it
-        return GgufOnDisk(exists=True, size_bytes=size, error=f"cannot read it: {exc}"[:200])
-    return GgufOnDisk(
-        exists=True,
-        size_bytes=size,
-        architecture=facts.architecture,
-        parameters=facts.parameters,
-        quantization=facts.quantization,
-        context_length=facts.context_length,
-        chat_template=facts.chat_template,
-        tensors=facts.tensor_count,
-        name=facts.name,
-    )
-
-
-def gguf_facts(path: str) -> GgufOnDisk:
-    """Facts of the GGUF file at ``path`` on this host (cached per path, mtime and size)."""
-    try:
-        stat = os.stat(path)
-    except OSError as exc:
-        return GgufOnDisk(exists=False, error=f"not on this host: {exc.strerror}")
-    return _facts(path, stat.st_mtime, stat.st_size)
+from nodes.selectors import nodes_status, nodes_with_sessions
 
 
 def packages_with_use() -> list[ModelPackage]:
     """Every package with ``node_count``, ``up_count`` (nodes taking traffic on it: the one
-    count, ``inference.selectors.node_takes_traffic``) and ``sequence_limit`` (the fewest
+    count, ``nodes.selectors.takes_sessions``) and ``sequence_limit`` (the fewest
     tokens a sequence holds on its up nodes, prompt plus output; None until a node reported
     it) annotated, by name then newest."""
     packages = list(
@@ -114,16 +49,6 @@ def sequence_limits() -> dict[int, int]:
             limit = int(capacity // total)
             limits[package_id] = min(limit, limits.get(package_id, limit))
     return limits
-
-
-def nodes_with_sessions() -> list[Node]:
-    """Every node with its package, ``pinned`` (sessions pinned) and ``status`` (a
-    ``nodes.selectors.NodeStatus``: badge, whether it takes sessions, last error)."""
-    nodes = list(Node.objects.select_related("package").annotate(pinned=Count("session_routes")))
-    statuses = nodes_status(nodes)
-    for node in nodes:
-        node.status = statuses[node.node_id]  # type: ignore[attr-defined]
-    return nodes
 
 
 def overview() -> dict[str, Any]:
@@ -202,11 +127,6 @@ def session_detail(session_id: str) -> dict[str, Any] | None:
     if route is None:
         return None
     return {"route": route, "decisions": list(route.decisions.all())}
-
-
-def tokens() -> list[ApiToken]:
-    """Every API token with its role row and creator."""
-    return list(ApiToken.objects.select_related("console_role", "created_by"))
 
 
 def audit_entries(*, limit: int = 200, action: str | None = None) -> list[AuditEntry]:

@@ -8,7 +8,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from console import selectors
 from console.forms import TokenForm
 from console.lib.access import role_required
 from console.lib.errors import ConsoleError
@@ -38,7 +37,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
         "console/tokens.html",
         {
             "page": "tokens",
-            "tokens": selectors.tokens(),
+            "tokens": token_services.tokens_all(),
             "form": form,
             "plaintext": plaintext,
         },

@@ -7,13 +7,7 @@ from dataclasses import dataclass, field
 from inference.model_names import client_name, package_key
 from inference.models import ModelPackage, SessionRoute
 from nodes.models import Node
-
-
-def node_takes_traffic(node: Node) -> bool:
-    """The one meaning of "up" in every count of nodes per model (Playground, ``/v1/models``,
-    the packages page): ``up``, device validation passed, warned or waived, weight > 0 (what
-    routing may send a new session to)."""
-    return node.state == Node.State.UP and node.validated and node.weight > 0
+from nodes.selectors import takes_sessions
 
 
 @dataclass
@@ -48,7 +42,7 @@ class ServedModel:
 
 def served_models() -> list[ServedModel]:
     """Every client-facing name some node is served under, by name, with its versions and
-    up counts (``node_takes_traffic``). One read of the nodes with their packages."""
+    up counts (``nodes.selectors.takes_sessions``, routing's rule). One read of the nodes with their packages."""
     models: dict[str, ServedModel] = {}
     versions: dict[tuple[str, int], ServedVersion] = {}
     nodes = Node.objects.filter(package__isnull=False).select_related("package")
@@ -67,7 +61,7 @@ def served_models() -> list[ServedModel]:
             )
             model.versions.append(version)
         version.nodes += 1
-        if node_takes_traffic(node):
+        if takes_sessions(node):
             version.up += 1
             model.up += 1
             model.sequence_limit = _fewest(model.sequence_limit, node.last_seen_load)

@@ -127,3 +127,8 @@ def token_role(token: ApiToken) -> Role:
     """The role a token acts with (``operator`` when it has no role row)."""
     row = TokenRole.objects.filter(token=token).first()
     return Role(row.role) if row else Role.OPERATOR
+
+
+def tokens_all() -> list[ApiToken]:
+    """Every API token with its role row and creator (the Tokens page, ``GET /api/tokens``)."""
+    return list(ApiToken.objects.select_related("console_role", "created_by"))

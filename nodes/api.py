@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Count
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
@@ -15,6 +14,7 @@ from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import Invalid, NotFound
 from inference.models import ModelPackage
 from nodes.models import Node
+from nodes.selectors import nodes_with_pinned
 
 router = Router(tags=["nodes"])
 
@@ -79,12 +79,7 @@ class NodeEventOut(Schema):
 
 
 def _out(node_id: str) -> NodeOut:
-    node = (
-        Node.objects.select_related("package")
-        .annotate(pinned=Count("session_routes"))
-        .filter(node_id=node_id)
-        .first()
-    )
+    node = nodes_with_pinned().filter(node_id=node_id).first()
     if node is None:
         raise NotFound(f"No node {node_id!r}.", code="node_not_found")
     return _schema(node)
@@ -131,7 +126,7 @@ def _package_id(key: str | None, package_id: int | None) -> int | None:
 
 @router.get("/nodes", response=list[NodeOut], summary="List nodes", auth=NEEDS_VIEWER)
 def nodes_list(request: HttpRequest) -> list[NodeOut]:
-    rows = Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
+    rows = nodes_with_pinned()
     return [_schema(n) for n in rows]
 
 

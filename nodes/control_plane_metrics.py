@@ -7,11 +7,12 @@ from django.db.models import Count
 
 from console.lib.metrics import Write
 from nodes.models import Node, NodeEvent
+from nodes.selectors import nodes_with_pinned
 
 
 def node_families(write: Write) -> None:
     """The node families, one sample per node (``phalanx_node_*``), read from the database."""
-    nodes = list(Node.objects.select_related("package").annotate(pinned=Count("session_routes")))
+    nodes = list(nodes_with_pinned())
     up = [({"node": n.node_id}, 1 if n.state == Node.State.UP else 0) for n in nodes]
     write("phalanx_node_up", "gauge", "1 when the node is up (healthy, not draining).", up)
     states = [

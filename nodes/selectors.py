@@ -8,10 +8,26 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from nodes.models import Node, NodeEvent
+
+
+def nodes_with_pinned() -> QuerySet[Node]:
+    """Every node with its package and ``pinned``, the sessions pinned to it (one query).
+    Routing's own, cached read of the pinned counts is ``inference.node_table.pinned_counts``."""
+    return Node.objects.select_related("package").annotate(pinned=Count("session_routes"))
+
+
+def nodes_with_sessions() -> list[Node]:
+    """Every node with its package, ``pinned`` (sessions pinned) and ``status`` (a
+    ``NodeStatus``: badge, whether it takes sessions, last error)."""
+    nodes = list(nodes_with_pinned())
+    statuses = nodes_status(nodes)
+    for node in nodes:
+        node.status = statuses[node.node_id]  # type: ignore[attr-defined]
+    return nodes
 
 
 def routing_state(state: str, validation: str) -> str:

@@ -38,7 +38,6 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.db import close_old_connections
-from django.db.models import Count
 from django.utils import timezone
 
 from console.lib.live import LIVE_GROUP
@@ -47,7 +46,7 @@ from nodes import client as node_client
 from nodes.live import event_payload
 from nodes.metrics import parse_prometheus
 from nodes.models import Node, NodeEvent
-from nodes.selectors import nodes_status
+from nodes.selectors import nodes_status, nodes_with_pinned
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ def host_usage() -> dict[str, float]:
 
 def _inventory(after_event: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     close_old_connections()
-    rows = list(Node.objects.select_related("package").annotate(pinned=Count("session_routes")))
+    rows = list(nodes_with_pinned())
     statuses = nodes_status(rows)
     nodes = [
         {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router
 
-from console import selectors, services
+from console import services
 from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import NotFound
 from inference.models import ModelPackage, PackageJob, PackagePolicy
@@ -33,7 +33,8 @@ from inference.packages.api_schemas import (
     UploadOut,
 )
 from inference.packages.gate_policy import policy_update
-from inference.selectors import node_takes_traffic
+from inference.packages.selectors import gguf_facts
+from nodes.selectors import takes_sessions
 
 router = Router()
 
@@ -51,7 +52,7 @@ def _package_out(package: ModelPackage) -> dict:
         "context_window": package.context_window,
         "created_at": package.created_at,
         "nodes": package.nodes.count(),
-        "up": sum(node_takes_traffic(n) for n in package.nodes.all()),
+        "up": sum(takes_sessions(n) for n in package.nodes.all()),
         "family": package.family,
         "status": package.status,
         "status_reason": package.status_reason,
@@ -110,7 +111,7 @@ def packages_list(request: HttpRequest) -> list[dict]:
 )
 def packages_show(request: HttpRequest, package_id: int) -> dict:
     package = package_services.package_get(package_id)
-    facts = selectors.gguf_facts(package.gguf_path)
+    facts = gguf_facts(package.gguf_path)
     return {
         **_package_out(package),
         "chat_template": package.chat_template,

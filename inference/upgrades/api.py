@@ -162,8 +162,7 @@ def upgrades_show(request: HttpRequest, upgrade_id: int) -> dict:
     auth=NEEDS_VIEWER,
 )
 def upgrades_events(request: HttpRequest, upgrade_id: int) -> list:
-    newest = services.upgrade_get(upgrade_id).events.order_by("-at", "-id")[:2000]
-    return list(reversed(newest))
+    return _newest_oldest_first(services.upgrade_get(upgrade_id).events, 2000)
 
 
 @router.get(
@@ -174,8 +173,12 @@ def upgrades_events(request: HttpRequest, upgrade_id: int) -> list:
     auth=NEEDS_VIEWER,
 )
 def upgrades_samples(request: HttpRequest, upgrade_id: int) -> list:
-    newest = services.upgrade_get(upgrade_id).samples.order_by("-at", "-id")[:3600]
-    return list(reversed(newest))
+    return _newest_oldest_first(services.upgrade_get(upgrade_id).samples, 3600)
+
+
+def _newest_oldest_first(rows: Any, limit: int) -> list:
+    """The newest ``limit`` of an upgrade's timed ``rows`` (events, samples), oldest first."""
+    return list(reversed(rows.order_by("-at", "-id")[:limit]))
 
 
 def _action(name: str, summary: str):

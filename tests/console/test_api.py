@@ -67,6 +67,15 @@ def test_it_serves_the_openapi_schema_and_docs_to_a_token(api, tokens):
     assert Client().get("/api/openapi.json").status_code == 302  # a browser: to the login form
 
 
+def test_it_names_each_operation_by_its_function_once(api, tokens):
+    bearer = {"Authorization": f"Bearer {tokens['viewer']}"}
+    paths = Client().get("/api/openapi.json", headers=bearer).json()["paths"]
+    ids = [op["operationId"] for methods in paths.values() for op in methods.values()]
+    assert len(ids) == len(set(ids))  # a client generator needs each one unique
+    assert paths["/api/nodes"]["get"]["operationId"] == "nodes_list"  # no module path in it
+    assert not [i for i in ids if i.startswith(("inference_", "console_", "nodes_api"))]
+
+
 @pytest.mark.parametrize("path", ["/api/docs", "/api/openapi.json"])
 def test_it_serves_the_docs_to_a_logged_in_role_and_refuses_a_user_in_none(login, path):
     assert login("viewer").get(path).status_code == 200

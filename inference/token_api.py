@@ -8,7 +8,6 @@ from datetime import datetime
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 
-from console import selectors
 from console.lib.access import NEEDS_ADMIN
 from console.lib.errors import Invalid
 from console.models import Role
@@ -55,7 +54,7 @@ def _token_out(token: ApiToken) -> dict:
     "/tokens", response=list[TokenOut], tags=["tokens"], summary="List API tokens", auth=NEEDS_ADMIN
 )
 def tokens_list(request: HttpRequest) -> list[dict]:
-    return [_token_out(t) for t in selectors.tokens()]
+    return [_token_out(t) for t in tokens.tokens_all()]
 
 
 @router.post(
