@@ -47,6 +47,16 @@ class Proven:
     pid: int
     address: tuple[str, int]
 
+    def pinned(self, url: str) -> str:
+        """``url`` with its host and port replaced by the address that proved itself
+        (``http://localhost:8000/x`` -> ``http://127.0.0.1:8000/x``): a later connection goes
+        where the proof came from, not wherever the name resolves then."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        host, port = self.address
+        shown = f"[{host}]" if ":" in host else host
+        return urlunsplit(urlsplit(url)._replace(netloc=f"{shown}:{port}"))
+
 
 def _key(secret: str) -> bytes:
     return hashlib.sha256(f"phalanx control-plane identity key:{secret}".encode()).digest()

@@ -43,7 +43,7 @@ from inference.loadtests.identity import NotThisControlPlane, Proven, aprove
 from inference.loadtests.models import CostModel, LoadTestRun, LoadTestSample
 from inference.loadtests.profiling import Profiler, attest_control_plane, attest_node
 from inference.loadtests.report import build_report
-from inference.loadtests.runner import LoadRun, Target
+from inference.loadtests.runner import LoadRun, Target, direct_client
 from inference.loadtests.scenario import Scenario, parse_scenario
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class Worker:
         self.polls = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"loadtest-{run.pk}-stop")
         self.scenario: Scenario = parse_scenario(run.scenario)
         self.proven: Proven | None = None  # the target proved it is this control plane
+        self.minted = False  # the run's token was minted here (only for a proven target)
         self.profiler: Profiler | None = None
 
     async def _poll_stop(self) -> bool:
@@ -159,7 +160,23 @@ class Worker:
                     ) from exc
         if not token:
             token = await self._db(run_token_mint, self.run.pk, rows=self.claim.rows())
+            self.minted = True
+            url = self.proven.pinned(url)  # type: ignore[union-attr]  (proven to mint)
         return Target(url=url, token=token, model=self.scenario.model)
+
+    async def _prove_again(self) -> None:
+        """Before the next step of a run whose token was minted here: the target must prove
+        again that it is the same control plane (pid and address), else the run ends (a port
+        may change hands mid-run)."""
+        if not self.minted or self.proven is None:
+            return
+        again = await aprove(self.run.target_url)
+        if again != self.proven:
+            raise NotThisControlPlane(
+                f"token: {self.run.target_url} is no longer the control plane that proved itself "
+                f"(pid {self.proven.pid} at {self.proven.address}, now pid {again.pid} at "
+                f"{again.address}); the run stops sending its token"
+            )
 
     def _load_run(self, target: Target) -> LoadRun:
         return LoadRun(
@@ -171,11 +188,16 @@ class Worker:
             requests_before=len(self.run.turns),
             should_stop=self._poll_stop,
             tick=lambda live: self._db(self._tick, live),
-            step_done=lambda step, turns, sessions: self._db(
-                self._step_done, step, turns, sessions
-            ),
+            step_done=self._step_end,
             sample_array=_array_sampler(),
         )
+
+    async def _step_end(
+        self, step: dict[str, Any], turns: list[dict], sessions: list[dict]
+    ) -> None:
+        """Keep the step's records, then prove the target again before the next step."""
+        await self._db(self._step_done, step, turns, sessions)
+        await self._prove_again()
 
     def _validating(self) -> list[str]:
         from nodes.models import Node
@@ -303,7 +325,7 @@ def _progress(scenario: Scenario, run: LoadTestRun, live: dict[str, Any]) -> flo
 async def _first_model(target: Target) -> str:
     """The first model the target lists at ``/v1/models`` (a scenario that names none)."""
     try:
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with direct_client(10.0) as client:
             response = await client.get(
                 f"{target.url}/v1/models", headers={"Authorization": f"Bearer {target.token}"}
             )

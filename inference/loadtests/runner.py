@@ -47,6 +47,13 @@ REQUEST_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
 PROBE_TIMEOUT_S = 5.0
 
 
+def direct_client(timeout: float | httpx.Timeout) -> httpx.AsyncClient:
+    """An HTTP client for requests that carry the run's token: straight to the target, never
+    through a proxy named by the environment (``HTTP_PROXY``...) and never redirected
+    elsewhere, so the token reaches only the address the run was given (or proved)."""
+    return httpx.AsyncClient(timeout=timeout, trust_env=False, follow_redirects=False)
+
+
 @dataclass
 class Target:
     """Where the load goes: the ``/v1`` base ``url`` (scheme, host, port), a Bearer ``token``,
@@ -99,8 +106,9 @@ class LoadRun:
             api_key=target.token,
             max_retries=0,
             timeout=REQUEST_TIMEOUT,
+            http_client=direct_client(REQUEST_TIMEOUT),
         )
-        self.http = httpx.AsyncClient(timeout=PROBE_TIMEOUT_S)
+        self.http = direct_client(PROBE_TIMEOUT_S)
 
     # --- the run ---------------------------------------------------------------------------
 

@@ -250,9 +250,8 @@ def test_a_run_that_minted_revokes_its_token_when_it_ends(monkeypatch):
     from tests.inference.loadtests.throwaway import stranger_server
 
     with stranger_server() as array:  # stands in for this control plane, proven
-        monkeypatch.setattr(
-            jobs, "aprove", lambda url: _async(identity.Proven(pid=1, address=("127.0.0.1", 1)))
-        )
+        proven = identity.Proven(pid=1, address=("127.0.0.1", array.port))
+        monkeypatch.setattr(jobs, "aprove", lambda url: _async(proven))
         done = jobs.loadtest_execute(queued_run(target_url=array.url).pk)
     token = ApiToken.objects.get()
     assert done.minted_tokens == [token.pk] and token.revoked
