@@ -60,7 +60,13 @@ def report_out(report: ApplyReport) -> dict[str, Any]:
     return {**report.__dict__, "changed": report.changed}
 
 
-@router.get("/me", response=MeOut, tags=["access"], summary="Who is calling, with which role")
+@router.get(
+    "/me",
+    response=MeOut,
+    tags=["access"],
+    summary="Who is calling, with which role (403 for a user in no role, as everywhere)",
+    auth=NEEDS_VIEWER,
+)
 def me(request: HttpRequest) -> dict[str, Any]:
     principal = request.auth  # type: ignore[attr-defined]
     return {"name": principal.name, "role": principal.role.value if principal.role else None}

@@ -43,10 +43,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
     principal = access.principal_for_user(request.user) or access.principal_for_token(
         _bearer(request)
     )
-    if principal is None or principal.role is None:
+    if principal is None:
         response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = "Bearer"
         return response
+    if principal.role is None:  # logged in, in no role group: refused as everywhere else
+        return HttpResponse("your account has no role\n", status=403, content_type="text/plain")
     return HttpResponse(prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -103,8 +103,9 @@ def test_it_treats_the_environment_token_as_admin(monkeypatch, db):
     assert response.json()["role"] == "admin"
 
 
-def test_it_refuses_a_user_without_a_role(login):
-    assert login("nobody").get("/api/nodes").status_code == 403
+@pytest.mark.parametrize("path", ["/api/nodes", "/api/me", "/metrics"])
+def test_it_refuses_a_user_without_a_role(login, path):
+    assert login("nobody").get(path).status_code == 403
 
 
 def test_it_checks_csrf_for_a_logged_in_user(users, node):

@@ -25,6 +25,7 @@ from inference.models import ModelPackage
 from nodes import utilization
 from nodes.models import Node
 from tests.fakenode import FakeNode
+from tests.support.logins import login_cookie
 
 METRICS = (
     'phalanx_node_decode_tokens_per_second{node="n"} 41.5\n'
@@ -75,6 +76,19 @@ async def test_it_refuses_a_socket_without_credentials(transactional_db):
     assert connected
     assert (await communicator.receive_json_from())["code"] == 4401
     assert (await communicator.receive_output())["code"] == 4401
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize("path", ["/ws/live/", "/ws/loadtests/1/"])
+async def test_it_refuses_a_logged_in_user_in_no_role(transactional_db, path):
+    communicator = WebsocketCommunicator(application, path, headers=await login_cookie(None))
+    assert (await communicator.connect())[0]
+    assert await communicator.receive_json_from() == {
+        "type": "error",
+        "code": 4403,
+        "message": "Not allowed.",
+    }
+    assert await communicator.receive_output() == {"type": "websocket.close", "code": 4403}
     await communicator.disconnect()
 
 

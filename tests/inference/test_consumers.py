@@ -12,6 +12,7 @@ from console.asgi import application
 from inference.models import SessionRoute
 from nodes.models import Node
 from tests.inference.conftest import MODEL
+from tests.support.logins import login_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -217,24 +218,8 @@ async def test_websocket_session_ids_follow_the_rest_rules(fakes, token, path, o
     await comm.disconnect()
 
 
-@sync_to_async
-def _login_cookie(role) -> list[tuple[bytes, bytes]]:
-    """The session cookie of a fresh logged-in user in ``role`` (None: no role group)."""
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from console.lib.access import user_set_role
-
-    name = role.value if role else "nobody"
-    user = get_user_model().objects.create_user(username=f"ws-{name}", password="pw")
-    user_set_role(user=user, role=role)
-    client = Client()
-    client.force_login(user)
-    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-
-
 async def test_a_logged_in_user_in_no_role_is_refused_and_no_node_is_asked(fakes):
-    comm = connect("norole", headers=await _login_cookie(None))
+    comm = connect("norole", headers=await login_cookie(None))
     await comm.connect(timeout=10)
     event = await comm.receive_json_from(timeout=10)
     assert event == {
@@ -251,7 +236,7 @@ async def test_a_logged_in_user_in_no_role_is_refused_and_no_node_is_asked(fakes
 async def test_a_logged_in_viewer_chats_on_the_session_socket(fakes):
     from console.models import Role
 
-    comm = connect("viewer-chat", headers=await _login_cookie(Role.VIEWER))
+    comm = connect("viewer-chat", headers=await login_cookie(Role.VIEWER))
     assert (await comm.connect(timeout=10))[0]
     assert (await turn(comm, {"content": "hi"}))[-1]["type"] == "done"
     await comm.disconnect()
