@@ -69,7 +69,7 @@ def _decode(data: str) -> Any:
         return DONE
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not JSON we read
         raise StreamBroken("sent an event that is not JSON", detail=data[:200]) from None
 
 
@@ -125,7 +125,7 @@ def check_completion(status: int, body: bytes) -> None:
         raise StreamBroken("answered 200 with an empty body")
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise StreamBroken("answered 200 with a body that is not JSON (cut short?)") from None
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not all(isinstance(c, dict) and c.get("finish_reason") for c in choices):

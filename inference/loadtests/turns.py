@@ -79,15 +79,14 @@ class Reply:
 
 def tool_call_valid(call: dict[str, Any]) -> bool:
     """A call names one of the scenario's tools and its arguments are JSON that the tool's
-    schema accepts."""
+    schema accepts (JSON nested past what Python parses or validates is not valid)."""
     validator = VALIDATORS.get(call["function"]["name"])
     if validator is None:
         return False
     try:
-        arguments = json.loads(call["function"]["arguments"] or "{}")
-    except ValueError:
+        return bool(validator.is_valid(json.loads(call["function"]["arguments"] or "{}")))
+    except (ValueError, RecursionError):
         return False
-    return validator.is_valid(arguments)
 
 
 def error_kind(exc: BaseException) -> tuple[str, str]:

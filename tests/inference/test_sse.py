@@ -56,6 +56,7 @@ def test_a_complete_answer_passes_with_its_bytes_intact() -> None:
         (token("Hel") + b'data: {"choices": [', "in the middle of an event"),
         (token("Hel") + FINISH + END + token("more"), "after [DONE]"),
         (event("[1, 2]") + FINISH + END, "not an object"),
+        (b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n" + FINISH + END, "not JSON"),
     ],
 )
 def test_every_dishonest_end_is_caught(body: bytes, says: str) -> None:
@@ -76,6 +77,7 @@ def test_a_node_that_says_it_failed_has_ended_honestly() -> None:
         (b'{"choices": [{"message": {"content": "Hel', "not JSON"),
         (b'{"choices": [{"message": {"content": "Hello"}}]}', "without a finished choice"),
         (b'{"choices": []}', "without a finished choice"),
+        (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
     ],
 )
 def test_a_non_streamed_200_must_be_a_finished_completion(body: bytes, says: str) -> None:

@@ -27,6 +27,8 @@ def test_it_checks_a_tool_call_against_its_schema():
     assert not tool_call_valid(call("search_products", '{"query": "x", "max_results": 50}'))
     assert not tool_call_valid(call("launch_rocket", "{}"))
     assert not tool_call_valid(call("get_order_status", '{"order_id": '))  # not JSON
+    deep = '{"order_id": "A-1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    assert not tool_call_valid(call("get_order_status", deep))  # past the parser's depth
 
 
 def test_it_names_error_kinds_as_a_client_sees_them():
