@@ -275,6 +275,6 @@ def parse_tool_call(text: str) -> dict[str, Any] | None:
         return None
     try:
         call = json.loads(text[len(TOOL_OPEN) : end])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # a model may write JSON nested past the parser's depth
         return None
     return call if isinstance(call, dict) and "name" in call else None

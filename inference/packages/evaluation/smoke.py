@@ -69,7 +69,7 @@ def smoke_test(client: httpx.Client) -> SmokeResult:
     call = first.tool_calls[0]
     try:
         arguments = json.loads(call["function"]["arguments"])
-    except ValueError:
+    except (ValueError, RecursionError):
         arguments = None
     if not isinstance(arguments, dict):
         return fail("tool_call", f"arguments do not parse: {call['function']['arguments'][:200]!r}")

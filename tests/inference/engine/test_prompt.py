@@ -71,3 +71,14 @@ def test_a_template_that_does_not_load_fails_each_render_with_the_reason() -> No
     assert "does not load" in formatter.load_error
     with pytest.raises(TemplateError, match="frobnicate"):
         formatter.render(MESSAGES)
+
+
+def test_a_tool_call_nested_past_the_parsers_depth_is_not_a_call():
+    from inference.engine.prompt import TOOL_CLOSE, TOOL_OPEN, parse_tool_call
+
+    deep = '{"name": "f", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    assert parse_tool_call(f"{TOOL_OPEN}{deep}{TOOL_CLOSE}") is None
+    assert parse_tool_call(f'{TOOL_OPEN}{{"name": "f", "arguments": {{}}}}{TOOL_CLOSE}') == {
+        "name": "f",
+        "arguments": {},
+    }
