@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodes.agent.engine_settings import LIMITS as NODE_SETTING_LIMITS
+from nodes.agent.engine_settings import context_refusal
 
 DEFAULTS: dict[str, Any] = {
     "max_unavailable": 1,  # nodes switched at once (a batch)
@@ -78,8 +79,10 @@ def settings_with_defaults(given: dict[str, Any] | None) -> dict[str, Any]:
 def node_settings_checked(given: dict[str, Any] | None, *, context_window: int) -> dict[str, int]:
     """``given`` node settings, checked: every key one of ``NODE_SETTING_LIMITS``, every value
     a whole number within its bounds, ``ctx_per_seq`` at most ``context_window`` (tokens, the
-    package's trained context). Returns them as ``{key: int}``; raises ``BadSettings`` naming
-    the first that is wrong (``field`` is the key)."""
+    package's trained context), ``sequences * ctx_per_seq`` within one node's context when both
+    are given (``engine_settings.MAX_CONTEXT_TOKENS``; the node checks the pair it would run
+    with too). Returns them as ``{key: int}``; raises ``BadSettings`` naming the first that is
+    wrong (``field`` is the key)."""
     out: dict[str, int] = {}
     for key, value in (given or {}).items():
         if key not in NODE_SETTING_LIMITS:
@@ -93,6 +96,10 @@ def node_settings_checked(given: dict[str, Any] | None, *, context_window: int) 
             why = " (the package's trained context)" if high == context_window else ""
             raise BadSettings(f"{key}: a whole number from {low} to {high}{why}", key)
         out[key] = value
+    if "sequences" in out and "ctx_per_seq" in out:
+        refusal = context_refusal(out["sequences"], out["ctx_per_seq"])
+        if refusal is not None:
+            raise BadSettings(refusal, "sequences")
     return out
 
 

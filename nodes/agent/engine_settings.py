@@ -16,6 +16,21 @@ LIMITS: dict[str, tuple[int, int]] = {
     "host_ram_mib": (1, 1_048_576),  # idle sessions' KV in host RAM: at most 1 TiB
 }
 SETTINGS: tuple[str, ...] = tuple(LIMITS)
+# sequences * ctx_per_seq: the KV cells of the node's one llama.cpp context. Each bound alone
+# allows 256 * 131,072 = 33.5M cells (tens of GiB of KV even for a 135M model); together they
+# may ask for at most 2^20, what a big server's RAM holds for the small models Phalanx serves.
+MAX_CONTEXT_TOKENS = 1_048_576
+
+
+def context_refusal(sequences: int, ctx_per_seq: int) -> str | None:
+    """Why ``sequences`` sequences of ``ctx_per_seq`` tokens are too many together, naming
+    both and the limit; None when they fit ``MAX_CONTEXT_TOKENS``."""
+    if sequences * ctx_per_seq <= MAX_CONTEXT_TOKENS:
+        return None
+    return (
+        f"sequences * ctx_per_seq: {sequences} * {ctx_per_seq} = {sequences * ctx_per_seq:,} "
+        f"KV cells, over the {MAX_CONTEXT_TOKENS:,} one node's context may hold"
+    )
 
 
 def bounds_sentence(key: str, high: int | None = None) -> str:

@@ -27,6 +27,7 @@ class PackageEndpoint(NodeState):
         if scope["method"] == "PUT":
             try:
                 request = SwitchRequest.from_body(decode_json(await read_body(receive, JSON_LIMIT)))
+                request.config(self.engine.config)  # the settings it would run with fit
             except (SwitchRefused, BadRequest, BodyTooLarge) as exc:
                 return await self._error(send, 400, str(exc), code="invalid_switch")
             if self.switch is not None and self.switch.running:

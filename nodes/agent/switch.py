@@ -25,7 +25,7 @@ from typing import Any
 from inference.bundled import file_sha256
 from inference.engine.config import EngineConfig
 from inference.engine.scheduler import Engine
-from nodes.agent.engine_settings import LIMITS, SETTINGS, bounds_sentence
+from nodes.agent.engine_settings import LIMITS, SETTINGS, bounds_sentence, context_refusal
 
 LOAD_TIMEOUT_S = 600.0
 RETIRE_TIMEOUT_S = 900.0  # the old engine's last streams; past it, it is stopped anyway
@@ -74,8 +74,14 @@ class SwitchRequest:
         return cls(path, package.strip(), sha256.lower(), dict(settings))
 
     def config(self, current: EngineConfig) -> EngineConfig:
-        """The running engine's configuration with this request's file and settings."""
-        return dataclasses.replace(current, model_path=self.model_path, **self.settings)
+        """The running engine's configuration with this request's file and settings. Raises
+        ``SwitchRefused`` when its sequences and context per sequence are too many together
+        (``engine_settings.MAX_CONTEXT_TOKENS``)."""
+        config = dataclasses.replace(current, model_path=self.model_path, **self.settings)
+        refusal = context_refusal(config.sequences, config.ctx_per_seq)
+        if refusal is not None:
+            raise SwitchRefused(f"settings.{refusal}")
+        return config
 
 
 @dataclass

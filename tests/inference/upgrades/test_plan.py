@@ -141,3 +141,14 @@ def test_standby_nodes_surge_first_then_serving_ones_in_batches():
         (["n1"], False),
     ]
     assert plan.plan_batches({"n1": 0}, set(), 1) == [(["n1"], False)]
+
+
+def test_node_settings_given_together_are_bounded_together():
+    too_many = {"sequences": 256, "ctx_per_seq": 8192}
+    with pytest.raises(plan.BadSettings) as bad:
+        plan.node_settings_checked(too_many, context_window=10**6)
+    assert str(bad.value) == (
+        "sequences * ctx_per_seq: 256 * 8192 = 2,097,152 KV cells, over the 1,048,576 one "
+        "node's context may hold"
+    )
+    assert bad.value.field == "sequences"

@@ -45,3 +45,18 @@ def test_it_takes_each_setting_at_its_bounds(tmp_path):
 
 def test_the_control_plane_checks_the_same_bounds():
     assert plan.NODE_SETTING_LIMITS is LIMITS
+
+
+def test_it_refuses_sequences_and_context_too_many_together_with_what_it_runs(tmp_path):
+    from inference.engine.config import EngineConfig
+
+    running = EngineConfig(model_path="old.gguf", sequences=8, ctx_per_seq=2048)
+    fits = SwitchRequest.from_body(body(tmp_path, ctx_per_seq=131_072))  # 8 * 131,072 = 2^20
+    assert fits.config(running).ctx_per_seq == 131_072
+    too_many = SwitchRequest.from_body(body(tmp_path, sequences=16, ctx_per_seq=131_072))
+    with pytest.raises(SwitchRefused) as refused:
+        too_many.config(running)
+    assert str(refused.value) == (
+        "settings.sequences * ctx_per_seq: 16 * 131072 = 2,097,152 KV cells, over the "
+        "1,048,576 one node's context may hold"
+    )
