@@ -12,7 +12,7 @@ system prompt with a tool schema, ``--turns`` turns a session, then a new sessio
    pushes it past the package gate with an admin override, rolls it out, and waits for the
    upgrade's own gates (the smoke chat) to roll it back.
 
-Prints failed requests (goal 0), streams cut (goal 0), sessions that changed model version
+Exits non-zero when a goal is missed. Prints failed requests (goal 0), streams cut (goal 0), sessions that changed model version
 mid-conversation (goal 0, from the routing table), the turn latency P95 during each upgrade
 against the baseline, the upgrade times and the time to roll back; the last line is one JSON
 object. Everything runs on loopback; the traffic is bounded by the phases' deadlines.
@@ -407,6 +407,11 @@ def main() -> None:
         f"package: {result['broken_state']} in {result['rollback_s']} s ({result['broken_reason']})"
     )
     emit(result)
+    missed = [k for k in ("failed_requests", "streams_cut", "sessions_changed_model") if result[k]]
+    if result["upgrade_state"] != "succeeded" or result["broken_state"] != "rolled_back":
+        missed.append("outcomes")
+    if missed:  # a goal missed is a failed run, not only a printed figure
+        raise SystemExit(f"goals missed: {', '.join(missed)}")
 
 
 if __name__ == "__main__":

@@ -47,10 +47,11 @@ def test_it_evaluates_the_bundled_model(tmp_path, bundled):
     assert set(grammar) == MODE_KEYS and set(free) == MODE_KEYS
     assert grammar["cases"] == free["cases"] == 6
     # the grammar makes every call it lets through parse and match its tool's schema
-    assert grammar["calls"] > 0
+    assert grammar["calls"] >= 1  # SmolLM2 under the grammar calls a tool in these cases
     assert grammar["json_parse_rate"] == 1.0
     assert grammar["schema_valid_rate"] == 1.0
     rows = report["cases"]
+    assert grammar["calls"] == sum(row["called"] for row in rows if row["mode"] == "grammar")
     assert len(rows) == 12 and all(set(row) == ROW_KEYS for row in rows)
     assert {row["mode"] for row in rows} == {"grammar", "free"}
     assert sum(row["correct"] for row in rows if row["mode"] == "grammar") == round(

@@ -3,8 +3,6 @@ routing (pure) and the routing table (``route_plan`` + ``route_record``)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from django.utils import timezone
 
@@ -78,13 +76,14 @@ def test_the_routing_table_counts_a_turn_served_by_another_version():
     assert {turn("s1", Rollout(old.pk, new.pk, 1.0)) for _ in range(3)} == {"a"}  # and it stays
     a.state = "draining"
     a.save()
+    before_move = timezone.now()
     assert turn("s1") == "b"  # its version has no node left: it moves, and it is counted
     route = SessionRoute.objects.get(session_id="s1")
     assert route.version_changes == 1 and route.package == new
     assert route.decisions.filter(action="version_changed").exists()
     assert turn("s2", Rollout(old.pk, new.pk, 1.0)) == "b"
     assert SessionRoute.objects.get(session_id="s2").version_changes == 0
-    assert (timezone.now() - route.last_seen_at) < timedelta(seconds=5)
+    assert route.last_seen_at >= before_move  # the moved turn counts as the session's last
 
 
 def test_a_version_whose_nodes_are_all_full_is_a_preference_not_a_wall():
