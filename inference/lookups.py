@@ -4,9 +4,12 @@ sessions pinned per node.
 Every request through ``/v1/`` and every websocket turn needs all three; read from the database
 each time they cost about 2 ms of time to first token on SQLite. Here each answer is kept
 ``TTL_S`` seconds in this process. Saving or deleting a token, package or the policy in this
-process (console, REST API, ``applyconfig``) clears the cache at once, through model signals;
-another process (a CLI command, a second control-plane replica) is seen within ``TTL_S``. A
-failed lookup (unknown token, unknown model) is never cached.
+process (console, REST API, ``applyconfig``) clears the cache at once, through model signals.
+With several control-plane replicas (``REDIS_URL``) the signal also bumps a generation number
+in Redis, which every replica reads at most every ``GENERATION_CHECK_S``: a token revoked on
+one replica is refused by all within a second. Another process without Redis (a CLI command
+on the embedded array) is seen within ``TTL_S``. A failed lookup (unknown token, unknown
+model) is never cached.
 
 The cached ``RoutingPolicy`` is shared by concurrent requests: read it, never change it.
 """
@@ -14,11 +17,14 @@ The cached ``RoutingPolicy`` is shared by concurrent requests: read it, never ch
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db.models.signals import post_delete, post_save
 
 from console.lib.bare_http import db_thread
@@ -26,17 +32,40 @@ from inference import model_names, node_table, tokens
 from inference.models import ApiToken, ModelPackage, RoutingPolicy
 from inference.node_table import PinnedCounts
 
+log = logging.getLogger(__name__)
+
 TTL_S = 10.0
 PINNED_TTL_S = 5.0  # <= route_writer.KEEP_DONE_S: the ledger covers what the counts miss
 
 T = TypeVar("T")
 
+GENERATION_CHECK_S = 1.0
+GENERATION_KEY = "phalanx:lookups:generation"
+
 _entries: dict[tuple[str, str], tuple[float, Any]] = {}
 _lock = threading.Lock()
+_shared = {"generation": None, "checked_at": 0.0}  # the replicas' generation, as last read
+
+
+def _shared_generation_moved(now: float) -> bool:
+    """True when another replica cleared its cache since this process last looked (read from
+    Redis at most every ``GENERATION_CHECK_S``; never without ``REDIS_URL``)."""
+    if not settings.REDIS_URL or now - _shared["checked_at"] < GENERATION_CHECK_S:
+        return False
+    _shared["checked_at"] = now
+    try:
+        generation = cache.get(GENERATION_KEY)
+    except Exception:  # Redis down: entries age out by their TTL as without it
+        return False
+    moved = generation != _shared["generation"]
+    _shared["generation"] = generation
+    return moved
 
 
 def _cached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) -> T:
     now = time.monotonic()
+    if _shared_generation_moved(now):
+        _forget()
     entry = _entries.get((kind, key))
     if entry is not None and entry[0] > now:
         return entry[1]
@@ -48,16 +77,30 @@ def _cached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) ->
 
 async def _acached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) -> T:
     """``_cached`` for the event loop: a hit costs no thread hop, a miss reads in a DB thread."""
+    now = time.monotonic()
+    if _shared_generation_moved(now):  # one Redis read a second at most, on the loop
+        _forget()
     entry = _entries.get((kind, key))
-    if entry is not None and entry[0] > time.monotonic():
+    if entry is not None and entry[0] > now:
         return entry[1]
     return await db_thread(_cached)(kind, key, load, ttl_s)
 
 
-def clear(*_args: Any, **_kwargs: Any) -> None:
-    """Forget every cached answer (signal receiver; tests)."""
+def _forget() -> None:
     with _lock:
         _entries.clear()
+
+
+def clear(*_args: Any, **_kwargs: Any) -> None:
+    """Forget every cached answer (signal receiver; tests), and tell the other replicas to
+    forget theirs (a new generation in Redis, when ``REDIS_URL`` is set)."""
+    _forget()
+    if settings.REDIS_URL:
+        try:
+            if not cache.add(GENERATION_KEY, 1, None):
+                cache.incr(GENERATION_KEY)
+        except Exception:
+            log.warning("could not tell the other replicas to clear their lookups", exc_info=True)
 
 
 def _token(raw: str) -> tuple[str, str, Callable[[], str]]:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+from django.utils import timezone
 
 from console.lib.bare_http import db_thread
 from console.lib.metrics import metric_inc
@@ -31,6 +33,7 @@ from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
 from inference.kv_move import kv_in_place
 from inference.models import RoutingPolicy
 from inference.node_table import NodeTable, nodes_for_routing
+from inference.placement import claim_pin, replicas_share_placements
 from inference.relay import (
     Upstream,
     broken_turns,
@@ -120,9 +123,9 @@ async def _route(
         pinned_delta=route_writer.pinned_delta(read_at=table.pinned_read_at),
         inflight=inflight.per_node(),
     )
-    target = services.route_plan(
+    plan = functools.partial(
+        services.route_plan,
         session_id=session_id,
-        row=row,
         table=table,
         model=model,
         policy=policy,
@@ -130,8 +133,32 @@ async def _route(
         new_turn=new_turn,
         rollout=rollout,
     )
+    target = _claimed(plan, plan(row=row), session_id, table)
     held = route_writer.hold(target.record) if target.record is not None else None
     return target, held
+
+
+def _claimed(
+    plan: Callable[..., services.RouteTarget],
+    target: services.RouteTarget,
+    session_id: str | None,
+    table: NodeTable,
+) -> services.RouteTarget:
+    """``target``, or, when another control-plane replica claimed this session's pin change
+    first (``placement.claim_pin``), the plan that follows the winner's node. At most two
+    claims: the winner's node may itself be unusable here, and that move is claimed too."""
+    for _ in range(2):
+        decision = target.decision
+        if session_id is None or not decision.pins or not replicas_share_placements():
+            return target
+        winner = claim_pin(
+            session_id=session_id, previous=decision.previous, node_id=decision.node_id
+        )
+        if winner == decision.node_id:
+            return target
+        row = services.RouteRow(winner, timezone.now(), None, table.package_ids.get(winner))
+        target = plan(row=row)
+    return target
 
 
 BROKE_LAST_TURN = "broke the session's last turn"

@@ -13,13 +13,11 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
 
+from tests.support.postgres import fresh_database
 from tests.support.processes import REPO
-
-PG = "postgresql://postgres@127.0.0.1:5432"
 
 # the checks, run in a process of their own against whatever database it is given
 CHECKS = textwrap.dedent(
@@ -137,20 +135,9 @@ def test_on_sqlite_one_holder_gets_a_step_job_until_its_lease_runs_out(tmp_path)
 
 @pytest.fixture
 def postgres_database():
-    """A fresh database on the machine's PostgreSQL (``.ci/run`` starts it), dropped after."""
-    import psycopg  # the scale extra, which make test installs
-
-    name = f"phalanx_jobs_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(f"{PG}/postgres", autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"no PostgreSQL at {PG} ({exc}): .ci/run starts the machine's own")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"{PG}/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    """A fresh database on the machine's PostgreSQL, dropped after."""
+    with fresh_database("phalanx_jobs") as url:
+        yield url
 
 
 def test_on_postgresql_one_claimer_wins_and_a_given_up_lease_writes_nothing(

@@ -1,0 +1,138 @@
+"""Two control-plane replicas (two daphne processes) on one PostgreSQL database and one Redis,
+as the scale-out mode runs them (issue 30): they behave as one array. Fake nodes stand in for
+node agents (what is tested is the control plane)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.fakenode import FakeNode
+from tests.support.postgres import fresh_database, redis_url
+from tests.support.processes import REPO, Proc, free_port, start_control_plane, wait_healthy
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2-test"
+SESSIONS = 24
+
+
+@dataclass
+class Replicas:
+    planes: list[Proc]
+    token: str
+    nodes: list[FakeNode]
+
+    def chat(self, client: httpx.AsyncClient, plane: int, session: str, text: str):
+        return client.post(
+            f"{self.planes[plane].url}/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": text}]},
+            headers={"Authorization": f"Bearer {self.token}", "X-Session-Id": session},
+        )
+
+
+def _setup(nodes: list[FakeNode]) -> str:
+    """``manage.py shell`` code: a package, the fake nodes up and validated, an admin token."""
+    rows = "\n".join(f"add('{n.node_id}', '{n.address}')" for n in nodes)
+    return f"""
+from django.utils import timezone
+from console.models import Role
+from inference.models import ModelPackage
+from inference.tokens import token_issue
+from nodes.models import Node
+package = ModelPackage.objects.create(
+    name="{MODEL}", version="1", gguf_path="/tmp/x.gguf", sha256="0" * 64, quantization="Q4_1"
+)
+def add(node_id, address):
+    Node.objects.create(node_id=node_id, address=address, package=package, state="up",
+        validation="passed", last_probe_at=timezone.now(), last_seen_load={{"load": 0.0}})
+{rows}
+print(token_issue(name="replicas", role=Role.ADMIN)[1])
+"""
+
+
+@pytest.fixture
+def replicas(tmp_path) -> Iterator[Replicas]:
+    nodes = [FakeNode(f"node-{i:02d}", token_delay=0.02).start() for i in (1, 2, 3)]
+    with fresh_database("phalanx_replicas") as database:
+        env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": database, "REDIS_URL": redis_url()}
+        full = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "console.settings"}
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=full, check=True)
+        shell = subprocess.run(
+            [*manage, "shell", "-c", _setup(nodes)],
+            cwd=REPO,
+            env=full,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        token = shell.stdout.strip().splitlines()[-1]
+        planes = []
+        for i in range(2):
+            (tmp_path / f"r{i}").mkdir()
+            planes.append(start_control_plane(free_port(), tmp_path / f"r{i}", env=env))
+        try:
+            for plane in planes:
+                wait_healthy(plane.url, plane, timeout=60)
+            yield Replicas(planes, token, nodes)
+        finally:
+            for plane in planes:
+                plane.stop()
+            for node in nodes:
+                node.stop()
+
+
+async def _first_turns_at_once(replicas: Replicas) -> list[tuple[str, str, str]]:
+    """Each session's first turn sent to both replicas at the same instant (the second replica
+    gets the sessions in the opposite order); returns ``(session, node by A, node by B)``."""
+    sessions = [f"race-{i}" for i in range(SESSIONS)]
+    async with httpx.AsyncClient(timeout=30) as client:
+        a = [replicas.chat(client, 0, s, "hi") for s in sessions]
+        b = [replicas.chat(client, 1, s, "hi") for s in reversed(sessions)]
+        answers = await asyncio.gather(*a, *b)
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers][:3]
+    by_a = {
+        s: r.headers["x-phalanx-node"] for s, r in zip(sessions, answers[:SESSIONS], strict=True)
+    }
+    by_b = {
+        s: r.headers["x-phalanx-node"]
+        for s, r in zip(reversed(sessions), answers[SESSIONS:], strict=True)
+    }
+    return [(s, by_a[s], by_b[s]) for s in sessions]
+
+
+def test_concurrent_first_turns_of_one_session_land_on_one_node(replicas):
+    placed = asyncio.run(_first_turns_at_once(replicas))
+    split = [(s, a, b) for s, a, b in placed if a != b]
+    assert split == []  # each session's two first turns went to one node
+    auth = {"Authorization": f"Bearer {replicas.token}"}
+    for session, node, _ in placed:  # and the routing table says that node, on both replicas
+        for plane in replicas.planes:
+            shown = httpx.get(f"{plane.url}/api/sessions/{session}", headers=auth).json()
+            assert shown["node"] == node, (session, shown)
+    spread = {node for _, node, _ in placed}
+    assert len(spread) > 1  # placement still spreads sessions over the nodes
+
+
+def test_a_token_revoked_on_one_replica_is_refused_by_the_other_at_once(replicas):
+    auth = {"Authorization": f"Bearer {replicas.token}"}
+    planes = replicas.planes
+    created = httpx.post(f"{planes[0].url}/api/tokens", json={"name": "agent"}, headers=auth)
+    agent = {"Authorization": f"Bearer {created.json()['token']}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for plane in planes:  # each replica has the token in its lookup cache now
+        assert httpx.post(f"{plane.url}/v1/chat/completions", json=body, headers=agent).is_success
+    revoked = httpx.delete(f"{planes[0].url}/api/tokens/{created.json()['id']}", headers=auth)
+    assert revoked.status_code == 200
+    time.sleep(1.5)  # one generation check (GENERATION_CHECK_S), far less than the cache's TTL
+    other = httpx.post(f"{planes[1].url}/v1/chat/completions", json=body, headers=agent)
+    assert other.status_code == 401
