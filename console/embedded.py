@@ -209,10 +209,27 @@ def node_environment(node: Node) -> dict[str, str]:
     return {ENV_CREDENTIAL: node_credential(node.node_id), "PHALANX_ARRAY_ID": array_id()}
 
 
-def control_plane_command(*, port: int, host: str = "127.0.0.1") -> list[str]:
-    """``manage.py serve --host HOST --port PORT`` (daphne) with this interpreter."""
+def control_plane_command(
+    *, port: int, host: str = "127.0.0.1", fd: int | None = None
+) -> list[str]:
+    """``manage.py serve --host HOST --port PORT`` (daphne) with this interpreter; with ``fd``,
+    serving on that inherited listening socket (``--fd``) instead of binding its own."""
     manage = str(Path(settings.BASE_DIR) / "manage.py")
-    return [sys.executable, manage, "serve", "--host", host, "--port", str(port)]
+    command = [sys.executable, manage, "serve", "--host", host, "--port", str(port)]
+    return command + ["--fd", str(fd)] if fd is not None else command
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening, inheritable by child processes: the
+    one port that ``up --replicas N``'s control-plane replicas all accept from. Raises
+    ``OSError`` when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
 
 
 def control_loop_command() -> list[str]:
@@ -257,15 +274,22 @@ class Supervisor:
     started_at: dict[str, float] = field(default_factory=dict)
 
     def start(
-        self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` with this environment plus ``env``."""
+        """Start ``argv`` with this environment plus ``env`` (and the file descriptors
+        ``pass_fds`` open in the child: a listening socket replicas share)."""
         process = subprocess.Popen(
             list(argv),
             cwd=settings.BASE_DIR,
             env={**os.environ, **(env or {})},
             start_new_session=True,
             preexec_fn=_die_with_parent,
+            pass_fds=tuple(pass_fds),
         )
         self.children = [(n, p) for n, p in self.children if n != name]
         self.children.append((name, process))

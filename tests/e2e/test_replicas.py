@@ -136,3 +136,74 @@ def test_a_token_revoked_on_one_replica_is_refused_by_the_other_at_once(replicas
     time.sleep(1.5)  # one generation check (GENERATION_CHECK_S), far less than the cache's TTL
     other = httpx.post(f"{planes[1].url}/v1/chat/completions", json=body, headers=agent)
     assert other.status_code == 401
+
+
+def test_up_runs_replicas_behind_one_port(tmp_path):
+    """``manage.py up --replicas 2`` on PostgreSQL and Redis: two control-plane processes
+    answer on the one port (each proves its own pid in ``/health``); a stop ends both."""
+    import secrets
+    import signal
+
+    (tmp_path / "models").symlink_to(REPO / "var" / "models")  # the bundled model, fetched once
+    port = free_port()
+    with fresh_database("phalanx_up") as database:
+        env = {
+            **os.environ,
+            "PHALANX_HOME": str(tmp_path),
+            "DATABASE_URL": database,
+            "REDIS_URL": redis_url(),
+        }
+        command = [sys.executable, "manage.py", "up", "--nodes", "1", "--replicas", "2"]
+        up = subprocess.Popen(
+            [*command, "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", timeout=120)
+            pids = set()
+            for _ in range(60):  # each GET a new connection: the kernel picks a replica
+                health = httpx.get(
+                    f"http://127.0.0.1:{port}/health",
+                    params={"challenge": secrets.token_hex(16)},
+                    timeout=5,
+                ).json()
+                pids.add(health["identity"]["pid"])
+                if len(pids) == 2:
+                    break
+            assert len(pids) == 2
+            os.killpg(up.pid, signal.SIGTERM)
+            assert up.wait(60) == 0
+            assert not [pid for pid in pids if _alive(pid)]
+        finally:
+            if up.poll() is None:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+
+
+def test_up_refuses_replicas_without_postgresql_and_redis(tmp_path):
+    env = {**os.environ, "PHALANX_HOME": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "up", "--replicas", "2", "--port", str(free_port())],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "--replicas 2 needs DATABASE_URL and REDIS_URL" in done.stderr
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,5 +1,8 @@
 """``manage.py serve --port 8000``: the control plane (``console.asgi:application``) on daphne.
 
+``--fd N`` serves on an inherited listening socket instead (``manage.py up --replicas``: the
+kernel hands each new connection to one of the replicas accepting on it).
+
 The same server ``daphne console.asgi:application`` starts, with the websocket settings daphne's
 command line cannot set: messages over ``settings.WEBSOCKET_MAX_MESSAGE_BYTES`` close the
 connection with 1009 ("message too big") and a reason, instead of daphne's default of dropping
@@ -19,6 +22,13 @@ class Command(ArrayCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default="127.0.0.1", help="bind address")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--fd",
+            type=int,
+            default=None,
+            help="serve on this inherited listening socket instead of binding one (manage.py up "
+            "--replicas: every replica accepts from one port)",
+        )
 
     def handle(self, *args, **options) -> None:
         from daphne.endpoints import build_endpoint_description_strings
@@ -30,7 +40,9 @@ class Command(ArrayCommand):
         server = Server(
             application=application,
             endpoints=build_endpoint_description_strings(
-                host=options["host"], port=options["port"]
+                host=None if options["fd"] is not None else options["host"],
+                port=None if options["fd"] is not None else options["port"],
+                file_descriptor=options["fd"],
             ),
             websocket_max_message_size=settings.WEBSOCKET_MAX_MESSAGE_BYTES,
             verbosity=0,

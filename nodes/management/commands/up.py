@@ -1,4 +1,9 @@
-"""``manage.py up [--nodes 2] [--port 8000]``: run the embedded array on this machine.
+"""``manage.py up [--nodes 2] [--port 8000] [--replicas 1]``: run the embedded array on this
+machine.
+
+``--replicas N`` (N > 1 needs ``DATABASE_URL`` and ``REDIS_URL``: the replicas share PostgreSQL
+and Redis, docs/control-plane.md "Replicas") starts N control-plane processes that all accept
+from one listening socket on ``--port``, which ``up`` binds and hands down.
 
 Migrates, bootstraps, starts the control plane (daphne), the control loop and N node agents as
 child processes, prints the console URL, admin login and API token, then, live, each node's
@@ -9,6 +14,7 @@ stops every child (SIGTERM, then SIGKILL after a timeout).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -25,6 +31,7 @@ from console.embedded import (
     array_bootstrap,
     control_loop_command,
     control_plane_command,
+    listening_socket,
     node_command_now,
     node_environment,
     node_restart_done,
@@ -76,6 +83,38 @@ def _start_nodes(supervisor: Supervisor, result) -> None:
 
 
 CORE = ("control plane", "control loop")
+MAX_REPLICAS = 16
+
+
+def _is_core(name: str) -> bool:
+    """A process whose exit stops the array: a control-plane replica or the control loop."""
+    return name in CORE or name.startswith("control plane ")
+
+
+def _check_replicas(replicas: int) -> None:
+    """Raises ``CommandError`` naming what is wrong with ``--replicas``."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise CommandError(f"--replicas: a whole number from 1 to {MAX_REPLICAS}")
+    missing = [name for name in ("DATABASE_URL", "REDIS_URL") if not os.environ.get(name)]
+    if replicas > 1 and missing:
+        raise CommandError(
+            f"--replicas {replicas} needs {' and '.join(missing)}: replicas share PostgreSQL "
+            "(DATABASE_URL) and Redis (REDIS_URL); one replica runs on the embedded SQLite"
+        )
+
+
+def _start_control_planes(
+    supervisor: Supervisor, *, host: str, port: int, replicas: int, env: dict[str, str]
+) -> None:
+    """One control plane binding ``host:port`` itself, or ``replicas`` of them accepting from
+    one listening socket this process binds (the kernel spreads connections over them)."""
+    if replicas == 1:
+        supervisor.start("control plane", control_plane_command(port=port, host=host), env=env)
+        return
+    shared = listening_socket(host, port)
+    for i in range(1, replicas + 1):
+        command = control_plane_command(port=port, host=host, fd=shared.fileno())
+        supervisor.start(f"control plane {i}", command, env=env, pass_fds=[shared.fileno()])
 
 
 def _forget(node_ids: list[str]) -> None:
@@ -105,6 +144,13 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--host", default="127.0.0.1", help="control plane bind address")
         parser.add_argument(
+            "--replicas",
+            type=int,
+            default=1,
+            help="control-plane processes behind --port (more than 1 needs DATABASE_URL and "
+            "REDIS_URL)",
+        )
+        parser.add_argument(
             "--stop-timeout",
             type=float,
             default=10.0,
@@ -123,6 +169,7 @@ class Command(BaseCommand):
     def _run(self, **options) -> None:
         """Start the array and watch it until a signal or a core process exits."""
         port, host = options["port"], options["host"]
+        _check_replicas(options["replicas"])
         node_port = options["node_port"] or port + 1
         taken = ports_taken(
             [(host, port), *((NODE_HOST, node_port + i) for i in range(options["nodes"]))]
@@ -145,8 +192,8 @@ class Command(BaseCommand):
         try:
             # load tests send their traffic to this control plane (settings.LOADTEST_TARGET_URL)
             own_url = {"PHALANX_URL": f"http://{_loopback(host)}:{port}"}
-            supervisor.start(
-                "control plane", control_plane_command(port=port, host=host), env=own_url
+            _start_control_planes(
+                supervisor, host=host, port=port, replicas=options["replicas"], env=own_url
             )
             supervisor.start("control loop", control_loop_command(), env=own_url)
             _start_nodes(supervisor, result)
@@ -206,9 +253,9 @@ class Command(BaseCommand):
             time.sleep(0.5)
             now = time.monotonic()
             self._say(startup)
-            self._restart_requested(supervisor, [n for n in supervisor.commands if n not in CORE])
+            self._restart_requested(supervisor, [n for n in supervisor.commands if not _is_core(n)])
             for name, returncode in supervisor.exited():
-                if name in CORE:
+                if _is_core(name):
                     self.stderr.write(f"{name} exited with status {returncode}")
                     return returncode or 1
                 if name in due:
