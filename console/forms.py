@@ -22,6 +22,8 @@ class NodeForm(forms.ModelForm):
         model = Node
         fields = [
             "node_id",
+            "kind",
+            "served_name",
             "address",
             "package",
             "weight",
@@ -32,17 +34,20 @@ class NodeForm(forms.ModelForm):
         ]
         widgets = {
             "address": forms.TextInput(attrs={"placeholder": "127.0.0.1:9401"}),
+            "served_name": forms.TextInput(attrs={"placeholder": "blank: its package's name"}),
             "cpu_set": forms.TextInput(attrs={"placeholder": "0-3"}),
         }
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["kind"].required = False  # not given: a Phalanx node agent
         if self.instance.pk:
             self.fields["node_id"].disabled = True
 
     def changes(self) -> dict:
         """Cleaned data as ``console.services`` keyword arguments."""
         data = dict(self.cleaned_data)
+        data["kind"] = data.get("kind") or Node.Kind.PHALANX
         package = data.pop("package")
         data["package_id"] = package.pk if package else None
         return data

@@ -22,6 +22,8 @@ from nodes.live import live_node_changed, live_node_removed
 from nodes.models import Node, NodeEvent, ValidationRun
 
 NODE_FIELDS = (
+    "kind",
+    "served_name",
     "address",
     "package_id",
     "weight",
@@ -49,6 +51,12 @@ def _node(node_id: str) -> Node:
 
 
 def _check_node(node: Node, *, package_changed: bool = True) -> None:
+    if node.kind == Node.Kind.EXTERNAL and not node.served_name.strip():
+        raise Invalid(
+            "served_name: an external node needs the model name it serves (what its "
+            "/v1/models lists, or an alias clients ask for)",
+            field="served_name",
+        )
     if node.package_id is not None:
         package = ModelPackage.objects.filter(pk=node.package_id).first()
         if package is None:
@@ -72,6 +80,8 @@ def node_create(
     cpu_set: str = "",
     threads: int = 1,
     weight_measured: bool = True,
+    kind: str = Node.Kind.PHALANX,
+    served_name: str = "",
 ) -> Node:
     """Register a new node (state ``unknown`` until the control loop probes it).
 
@@ -88,6 +98,8 @@ def node_create(
         cpu_set=cpu_set,
         threads=threads,
         weight_measured=weight_measured,
+        kind=kind,
+        served_name=served_name,
     )
     _check_node(draft)
     node, _ = node_services.node_upsert(
@@ -100,6 +112,8 @@ def node_create(
         weight=weight,
         affinity=affinity,
         weight_measured=weight_measured,
+        kind=kind,
+        served_name=served_name,
     )
     live_node_changed(node_id=node_id, event=node.events.first())
     audit_record(action="node.create", target=node_id, changes=diff({}, _node_settings(node)))
@@ -132,6 +146,8 @@ def node_update(*, node_id: str, changes: dict[str, Any]) -> Node:
         weight=draft.weight,
         affinity=draft.affinity,
         weight_measured=draft.weight_measured,
+        kind=draft.kind,
+        served_name=draft.served_name if "served_name" in changes else None,
     )
     live_node_changed(node_id=node_id)
     after = _node(node_id)

@@ -65,6 +65,7 @@ class NodeTable:
     pinned_read_at: float = 0.0
     node_names: dict[str, str | None] = field(default_factory=dict)  # what each node answers to
     package_keys: dict[str, str | None] = field(default_factory=dict)  # name:version it serves
+    external: frozenset[str] = frozenset()  # external OpenAI-compatible servers: no session KV
 
     def prefill_speed(self, node_id: str) -> float | None:
         """The node's measured prefill speed (tokens/s), None when unknown."""
@@ -90,6 +91,7 @@ class NodeTable:
 
 _NODE_FIELDS = (
     "node_id",
+    "kind",
     "state",
     "weight",
     "affinity",
@@ -136,6 +138,7 @@ def nodes_for_routing(
     node_names: dict[str, str | None] = {}
     package_keys: dict[str, str | None] = {}
     open_requests = inflight or {}
+    external: set[str] = set()
     for row in _node_rows.rows():
         node = dict(zip(_NODE_FIELDS, row, strict=True))
         node_id = node["node_id"]
@@ -167,7 +170,17 @@ def nodes_for_routing(
             )
         )
         addresses[node_id] = node["address"]
+        if node["kind"] == "external":
+            external.add(node_id)
         package_ids[node_id] = node["package_id"]
         node_names[node_id] = node["served_name"] or node["package__name"]
         package_keys[node_id] = package_key(node["package__name"], node["package__version"])
-    return NodeTable(views, addresses, package_ids, pinned.read_at, node_names, package_keys)
+    return NodeTable(
+        views,
+        addresses,
+        package_ids,
+        pinned.read_at,
+        node_names,
+        package_keys,
+        frozenset(external),
+    )

@@ -382,7 +382,10 @@ def _decide(
 
 
 def _kv_source(table: NodeTable, decision: Decision, exclude: Mapping[str, str]) -> str | None:
-    """Address to carry a moving session's KV from: the node it leaves, while reachable."""
+    """Address to carry a moving session's KV from: the node it leaves, while reachable (never
+    to or from an external server: it has no session KV to export or import)."""
+    if decision.node_id in table.external or decision.previous in table.external:
+        return None
     previous = next((n for n in table.views if n.node_id == decision.previous), None)
     if previous is None or previous.node_id in exclude or previous.state not in ("up", "draining"):
         return None

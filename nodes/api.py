@@ -5,6 +5,7 @@ undrain and the event log. Reads need the viewer role, drain/undrain operator, t
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
@@ -21,6 +22,12 @@ router = Router(tags=["nodes"])
 
 class NodeOut(Schema):
     node_id: str
+    kind: str = Field(
+        "phalanx", description="phalanx (a node agent) or external (any OpenAI-compatible server)"
+    )
+    served_name: str = Field(
+        "", description="the model name clients ask it for ('': its package's)"
+    )
     address: str
     state: str
     weight: float
@@ -50,6 +57,8 @@ class NodeOut(Schema):
 
 class NodeIn(Schema):
     node_id: str
+    kind: Literal["phalanx", "external"] = "phalanx"
+    served_name: str = Field("", description="model name clients ask it for (external: required)")
     address: str = Field(description="host:port of the node's HTTP API")
     package: str | None = Field(None, description="package as name:version (or name: newest)")
     package_id: int | None = None
@@ -60,6 +69,8 @@ class NodeIn(Schema):
 
 
 class NodePatchIn(Schema):
+    kind: Literal["phalanx", "external"] | None = None
+    served_name: str | None = None
     address: str | None = None
     package: str | None = None
     package_id: int | None = None
@@ -88,6 +99,8 @@ def _out(node_id: str) -> NodeOut:
 def _schema(node: Node) -> NodeOut:
     return NodeOut(
         node_id=node.node_id,
+        kind=node.kind,
+        served_name=node.served_name,
         address=node.address,
         state=node.state,
         weight=node.weight,

@@ -46,7 +46,7 @@ class ProbeResult:
     device: dict[str, Any] | None = field(default=None)  # /health's "device" block, if any
 
 
-def _client() -> httpx.Client:
+def sync_client() -> httpx.Client:
     global _sync_client
     with _sync_lock:
         if _sync_client is None:
@@ -61,7 +61,7 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
     """
     base = f"http://{address}"
     try:
-        response = _client().get(f"{base}/health", timeout=timeout)
+        response = sync_client().get(f"{base}/health", timeout=timeout)
     except httpx.TimeoutException as exc:
         return ProbeResult(False, "timeout", f"no answer in {timeout:g} s ({type(exc).__name__})")
     except httpx.TransportError as exc:
@@ -74,7 +74,7 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
     if stranger:
         return ProbeResult(False, "error", stranger)
     try:
-        metrics = _client().get(
+        metrics = sync_client().get(
             f"{base}/metrics", headers=node_auth_headers(node_id), timeout=timeout
         )
         load = (
@@ -186,7 +186,7 @@ def canary(address: str, *, node_id: str, model: str | None, timeout: float) -> 
     if model:
         body["model"] = model
     try:
-        response = _client().post(
+        response = sync_client().post(
             f"http://{address}/v1/chat/completions",
             json=body,
             headers={**node_auth_headers(node_id), PROBE_HEADER: "1"},
@@ -265,7 +265,7 @@ async def session_erase(address: str, *, node_id: str, session_id: str, timeout:
 def session_erase_sync(address: str, *, node_id: str, session_id: str, timeout: float) -> bool:
     """Blocking ``session_erase`` for synchronous callers (the admin API). Never raises."""
     try:
-        response = _client().delete(
+        response = sync_client().delete(
             f"http://{address}/sessions/{quote(session_id, safe='')}",
             headers=node_auth_headers(node_id),
             timeout=timeout,
@@ -300,7 +300,7 @@ def package_switch(
     body = {"model_path": model_path, "package": package, "sha256": sha256}
     if settings:
         body["settings"] = settings
-    response = _client().put(
+    response = sync_client().put(
         f"http://{address}/package", json=body, headers=node_auth_headers(node_id), timeout=timeout
     )
     if response.status_code == 409:
@@ -315,7 +315,7 @@ def package_state(address: str, *, node_id: str, timeout: float = 5.0) -> dict[s
     """``GET /package``: what the node serves and its last switch, or None when it cannot be
     asked (network trouble, another status). Never raises."""
     try:
-        response = _client().get(
+        response = sync_client().get(
             f"http://{address}/package", headers=node_auth_headers(node_id), timeout=timeout
         )
         return response.json() if response.status_code == 200 else None
@@ -337,7 +337,7 @@ def validation_start(
     """``POST /validation``: start run ``run`` on the node (nodes/agent/validation.py); returns
     its state. Raises ``ValidationUnsupported`` (404), ``NodeValidationBusy`` (409),
     ``httpx.HTTPError`` on network trouble or another status."""
-    response = _client().post(
+    response = sync_client().post(
         f"http://{address}/validation",
         json={"run": run},
         headers=node_auth_headers(node_id),
@@ -355,7 +355,7 @@ def validation_state(address: str, *, node_id: str, timeout: float = 5.0) -> dic
     """``GET /validation``: the node's last run (``run``, ``state``, ``phase``, ``progress``,
     ``report``, ``error``, ``instance``). Raises ``httpx.HTTPError`` (network trouble, another
     status) or ``ValueError`` (not JSON)."""
-    response = _client().get(
+    response = sync_client().get(
         f"http://{address}/validation", headers=node_auth_headers(node_id), timeout=timeout
     )
     response.raise_for_status()

@@ -21,6 +21,7 @@ from django.utils import timezone
 from nodes import client as node_client
 from nodes import services
 from nodes.device_validation import validation_note_probe
+from nodes.external import probe_external
 from nodes.health_policy import HealthPolicy, health_interval_s, health_policy
 from nodes.models import Node, NodeEvent
 
@@ -81,6 +82,7 @@ class ControlLoop:
         nodes = list(
             Node.objects.select_related("package").only(
                 "node_id",
+                "kind",
                 "address",
                 "state",
                 "package",
@@ -124,9 +126,8 @@ class ControlLoop:
     def check(node: Node, policy: HealthPolicy) -> tuple[node_client.ProbeResult, bool]:
         """``/health`` + ``/metrics``, then a canary completion when the node is healthy, not
         draining and has been idle for ``canary_idle_s``; returns ``(result, canary_ran)``."""
-        result = node_client.probe(
-            node.address, node_id=node.node_id, timeout=policy.probe_timeout_s
-        )
+        probe = probe_external if node.kind == Node.Kind.EXTERNAL else node_client.probe
+        result = probe(node.address, node_id=node.node_id, timeout=policy.probe_timeout_s)
         if not result.ok or not canary_due(node, policy):
             return result, False
         canary = node_client.canary(

@@ -47,7 +47,21 @@ class Node(models.Model):
         State.UNKNOWN: "grey",
     }
 
+    class Kind(models.TextChoices):
+        """What answers at ``address``: a Phalanx node agent, or any OpenAI-compatible server
+        (a stock llama-server, vLLM on a GPU box: the hybrid array, docs/control-plane.md)."""
+
+        PHALANX = "phalanx", "Phalanx node agent"
+        EXTERNAL = "external", "External OpenAI-compatible server"
+
     node_id = models.SlugField(max_length=64, unique=True)
+    kind = models.CharField(
+        max_length=16,
+        choices=Kind.choices,
+        default=Kind.PHALANX,
+        help_text="external: health from /health or /v1/models, load from /metrics or /slots "
+        "when it has them, no KV export; its device validation is waived.",
+    )
     address = models.CharField(max_length=255, validators=[address_validator])
     weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
     affinity = models.BooleanField(default=True, help_text="Pin sessions to this node.")

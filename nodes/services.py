@@ -214,30 +214,58 @@ def node_upsert(
     weight: float = 1.0,
     affinity: bool = True,
     weight_measured: bool | None = None,
+    kind: str | None = None,
+    served_name: str | None = None,
     by: str = "",
 ) -> tuple[Node, bool]:
     """Create or update a node by id (idempotent); returns ``(node, created)``.
 
     Changing a node's address or package resets its state to ``unknown`` until the next probe
     and its device validation to ``pending`` (unless waived): the control loop validates it
-    again before it takes traffic. ``by``: who registers it (the ``registered`` event's actor).
+    again before it takes traffic. An external node (``kind``) is registered with its
+    validation waived, saying why (``EXTERNAL_WAIVER``). ``served_name`` (None: keep) is the
+    name clients ask it for. ``by``: who registers it (the ``registered`` event's actor).
     """
+    fields = {
+        "address": address,
+        "package_id": package_id,
+        "cpu_set": cpu_set,
+        "threads": threads,
+        "weight": weight,
+        "affinity": affinity,
+    }
     node = Node.objects.filter(node_id=node_id).first()
     if node is None:
         node = Node.objects.create(
             node_id=node_id,
-            address=address,
-            package_id=package_id,
-            cpu_set=cpu_set,
-            threads=threads,
-            weight=weight,
-            affinity=affinity,
+            kind=kind or Node.Kind.PHALANX,
+            served_name=served_name or "",
             weight_measured=True if weight_measured is None else weight_measured,
+            **fields,
         )
+        _waive_if_external(node)
         NodeEvent.objects.create(
             node=node, kind=NodeEvent.Kind.REGISTERED, message=f"at {address}", actor=by
         )
         return node, True
+    _reset_if_moved(node, address=address, package_id=package_id)
+    if kind is not None and kind != node.kind:
+        node.kind = kind
+        if not _waive_if_external(node):
+            node.validation, node.validation_reason = Node.Validation.PENDING, "now a Phalanx node"
+    for name, value in fields.items():
+        setattr(node, name, value)
+    if weight_measured is not None:  # None: keep (a config file or `up` does not say)
+        node.weight_measured = weight_measured
+    if served_name is not None:
+        node.served_name = served_name
+    node.save()
+    return node, False
+
+
+def _reset_if_moved(node: Node, *, address: str, package_id: int | None) -> None:
+    """A node given another address or package is unknown until probed, and validated again
+    (unless waived); what an upgrade recorded of its package no longer holds."""
     if node.package_id != package_id:  # set by hand: what an upgrade recorded no longer holds
         node.served_name, node.engine_settings = "", {}
     if node.address != address or node.package_id != package_id:
@@ -247,17 +275,28 @@ def node_upsert(
         if node.validation != Node.Validation.WAIVED:  # another machine or model: prove it again
             node.validation, node.device_instance = "pending", ""
             node.validation_reason = "address or package changed: to be validated"
-    node.address, node.package_id, node.cpu_set, node.threads = (
-        address,
-        package_id,
-        cpu_set,
-        threads,
+
+
+EXTERNAL_WAIVER = (
+    "an external OpenAI-compatible server: its devices are not Phalanx's to validate "
+    "(waived when it was registered)"
+)
+
+
+def _waive_if_external(node: Node) -> bool:
+    """Waive device validation for an external node (saved and audited as
+    ``node.waive_validation``, as an operator's waiver is), saying why; True when it did."""
+    if node.kind != Node.Kind.EXTERNAL:
+        return False
+    before = node.validation
+    node.validation, node.validation_reason = Node.Validation.WAIVED, EXTERNAL_WAIVER
+    node.save(update_fields=["validation", "validation_reason"])
+    audit_record(
+        action="node.waive_validation",
+        target=node.node_id,
+        changes=[*diff({"validation": before}, {"validation": node.validation}), EXTERNAL_WAIVER],
     )
-    node.weight, node.affinity = weight, affinity
-    if weight_measured is not None:  # None: keep (a config file or `up` does not say)
-        node.weight_measured = weight_measured
-    node.save()
-    return node, False
+    return True
 
 
 @transaction.atomic

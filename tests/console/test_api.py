@@ -440,3 +440,20 @@ def test_the_django_admin_shows_but_does_not_change(node):
     assert page.status_code == 200 and b'name="_save"' not in page.content
     assert client.post(f"/admin/nodes/node/{node.pk}/change/", {"weight": 9}).status_code == 403
     assert client.get("/admin/nodes/node/add/").status_code == 403
+
+
+def test_it_registers_an_external_node_with_its_model_and_its_validation_waived(api):
+    bare = {"node_id": "gpu-1", "kind": "external", "address": "127.0.0.1:9701"}
+    refused = api("admin", "put", "/nodes/gpu-1", bare)
+    assert refused.status_code == 422 and refused.json()["field"] == "served_name"
+    created = api("admin", "put", "/nodes/gpu-1", {**bare, "served_name": "llama-70b"})
+    assert created.status_code == 201, created.content
+    node = created.json()
+    assert (node["kind"], node["served_name"], node["validation"]) == (
+        "external",
+        "llama-70b",
+        "waived",
+    )
+    assert "not Phalanx's to validate" in node["validation_reason"]
+    wrong = api("admin", "patch", "/nodes/gpu-1", {"kind": "gpu"})
+    assert wrong.status_code == 422 and wrong.json()["field"] == "kind"
