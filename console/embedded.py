@@ -272,6 +272,8 @@ class Supervisor:
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
+    fds: dict[str, tuple[int, ...]] = field(default_factory=dict)  # passed on at each start
+    sockets: list[socket.socket] = field(default_factory=list)  # kept open for restarts
 
     def start(
         self,
@@ -294,13 +296,15 @@ class Supervisor:
         self.children = [(n, p) for n, p in self.children if n != name]
         self.children.append((name, process))
         self.commands[name] = (list(argv), dict(env or {}))
+        self.fds[name] = tuple(pass_fds)
         self.started_at[name] = time.monotonic()
         return process
 
     def restart(self, name: str) -> subprocess.Popen[bytes]:
-        """Start ``name`` again with the command and environment it was started with."""
+        """Start ``name`` again with the command, environment and file descriptors it was
+        started with."""
         argv, env = self.commands[name]
-        return self.start(name, argv, env=env)
+        return self.start(name, argv, env=env, pass_fds=self.fds.get(name, ()))
 
     def stop_one(self, name: str, *, timeout: float = 10.0) -> int | None:
         """SIGTERM child ``name``'s group (a process this supervisor started), wait up to

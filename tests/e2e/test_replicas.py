@@ -140,7 +140,8 @@ def test_a_token_revoked_on_one_replica_is_refused_by_the_other_at_once(replicas
 
 def test_up_runs_replicas_behind_one_port(tmp_path):
     """``manage.py up --replicas 2`` on PostgreSQL and Redis: two control-plane processes
-    answer on the one port (each proves its own pid in ``/health``); a stop ends both."""
+    answer on the one port (each proves its own pid in ``/health``); one killed under load, the
+    other answers meanwhile and ``up`` starts it again; a stop ends both."""
     import secrets
     import signal
 
@@ -175,6 +176,12 @@ def test_up_runs_replicas_behind_one_port(tmp_path):
                 if len(pids) == 2:
                     break
             assert len(pids) == 2
+            killed = pids.pop()
+            os.kill(killed, signal.SIGKILL)  # one replica dies under load
+            answered, seen = _requests_through(port, seconds=8.0)
+            assert answered == 160  # every request answered (a reset connection retried once)
+            assert pids <= seen and killed not in seen
+            assert len(seen) == 2  # the dead replica was started again beside the other
             os.killpg(up.pid, signal.SIGTERM)
             assert up.wait(60) == 0
             assert not [pid for pid in pids if _alive(pid)]
@@ -182,6 +189,32 @@ def test_up_runs_replicas_behind_one_port(tmp_path):
             if up.poll() is None:
                 os.killpg(up.pid, signal.SIGKILL)
                 up.wait()
+
+
+def _requests_through(port: int, *, seconds: float) -> tuple[int, set[int]]:
+    """160 ``/health`` requests spread over ``seconds``, each retried once on a connection
+    error (what a client behind a front proxy gets); returns how many were answered and the
+    replica pids that answered them."""
+    import secrets
+
+    answered, pids = 0, set()
+    for _ in range(160):
+        for attempt in range(2):
+            try:
+                body = httpx.get(
+                    f"http://127.0.0.1:{port}/health",
+                    params={"challenge": secrets.token_hex(16)},
+                    timeout=5,
+                ).json()
+            except httpx.TransportError:
+                if attempt:
+                    raise
+                continue
+            answered += 1
+            pids.add(body["identity"]["pid"])
+            break
+        time.sleep(seconds / 160)
+    return answered, pids
 
 
 def test_up_refuses_replicas_without_postgresql_and_redis(tmp_path):

@@ -3,7 +3,8 @@ machine.
 
 ``--replicas N`` (N > 1 needs ``DATABASE_URL`` and ``REDIS_URL``: the replicas share PostgreSQL
 and Redis, docs/control-plane.md "Replicas") starts N control-plane processes that all accept
-from one listening socket on ``--port``, which ``up`` binds and hands down.
+from one listening socket on ``--port``, which ``up`` binds and hands down; one that exits is
+started again while the others serve.
 
 Migrates, bootstraps, starts the control plane (daphne), the control loop and N node agents as
 child processes, prints the console URL, admin login and API token, then, live, each node's
@@ -87,8 +88,13 @@ MAX_REPLICAS = 16
 
 
 def _is_core(name: str) -> bool:
-    """A process whose exit stops the array: a control-plane replica or the control loop."""
-    return name in CORE or name.startswith("control plane ")
+    """A process whose exit stops the array: the one control plane or the control loop (a
+    replica of several is restarted, as a node agent is, while the others serve)."""
+    return name in CORE
+
+
+def _is_replica(name: str) -> bool:
+    return name.startswith("control plane ")
 
 
 def _check_replicas(replicas: int) -> None:
@@ -112,6 +118,7 @@ def _start_control_planes(
         supervisor.start("control plane", control_plane_command(port=port, host=host), env=env)
         return
     shared = listening_socket(host, port)
+    supervisor.sockets.append(shared)  # a restarted replica accepts from it again
     for i in range(1, replicas + 1):
         command = control_plane_command(port=port, host=host, fd=shared.fileno())
         supervisor.start(f"control plane {i}", command, env=env, pass_fds=[shared.fileno()])
@@ -253,7 +260,8 @@ class Command(BaseCommand):
             time.sleep(0.5)
             now = time.monotonic()
             self._say(startup)
-            self._restart_requested(supervisor, [n for n in supervisor.commands if not _is_core(n)])
+            agents = [n for n in supervisor.commands if not _is_core(n) and not _is_replica(n)]
+            self._restart_requested(supervisor, agents)
             for name, returncode in supervisor.exited():
                 if _is_core(name):
                     self.stderr.write(f"{name} exited with status {returncode}")
@@ -265,16 +273,21 @@ class Command(BaseCommand):
                 in_a_row[name] = restarts
                 delay = backoff.delay(restarts)
                 due[name] = now + delay
+                what = "replica" if _is_replica(name) else "node agent"
                 message = (
-                    f"node agent exited with status {returncode} after {ran_s:.0f} s; "
+                    f"{what} exited with status {returncode} after {ran_s:.0f} s; "
                     f"restarting in {delay:.0f} s"
                     + (f" ({restarts + 1} in a row)" if restarts else "")
                 )
                 self.stderr.write(f"{name}: {message}")
-                node_record_restart(node_id=name, message=message)
+                if not _is_replica(name):
+                    node_record_restart(node_id=name, message=message)
             for name, at in list(due.items()):
                 if now >= at:
-                    self._restart_node(supervisor, name)
+                    if _is_replica(name):
+                        supervisor.restart(name)
+                    else:
+                        self._restart_node(supervisor, name)
                     del due[name]
 
     def _restart_requested(self, supervisor: Supervisor, names: list[str]) -> None:
