@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from console.lib.bare_http import db_thread
@@ -95,12 +97,16 @@ def clear(*_args: Any, **_kwargs: Any) -> None:
     """Forget every cached answer (signal receiver; tests), and tell the other replicas to
     forget theirs (a new generation in Redis, when ``REDIS_URL`` is set)."""
     _forget()
-    if settings.REDIS_URL:
-        try:
-            if not cache.add(GENERATION_KEY, 1, None):
-                cache.incr(GENERATION_KEY)
-        except Exception:
-            log.warning("could not tell the other replicas to clear their lookups", exc_info=True)
+    if settings.REDIS_URL:  # once the change is committed, or another replica reloads the old
+        transaction.on_commit(_new_generation)
+
+
+def _new_generation() -> None:
+    """A fresh random generation (a counter would repeat after Redis restarts empty)."""
+    try:
+        cache.set(GENERATION_KEY, secrets.token_hex(8), None)
+    except Exception as exc:
+        log.warning("could not tell the other replicas to clear their lookups: %s", exc)
 
 
 def _token(raw: str) -> tuple[str, str, Callable[[], str]]:

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from django.utils import timezone
 
 from console.lib.bare_http import db_thread
 from console.lib.metrics import metric_inc
@@ -33,7 +32,7 @@ from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
 from inference.kv_move import kv_in_place
 from inference.models import RoutingPolicy
 from inference.node_table import NodeTable, nodes_for_routing
-from inference.placement import claim_pin, replicas_share_placements
+from inference.placement import claim_pin, pin_version, replicas_share_placements
 from inference.relay import (
     Upstream,
     broken_turns,
@@ -133,32 +132,37 @@ async def _route(
         new_turn=new_turn,
         rollout=rollout,
     )
-    target = _claimed(plan, plan(row=row), session_id, table)
+    target = _claimed(plan, row, exclude, plan(row=row), table)
     held = route_writer.hold(target.record) if target.record is not None else None
     return target, held
 
 
 def _claimed(
     plan: Callable[..., services.RouteTarget],
+    row: services.RouteRow | None,
+    exclude: dict[str, str],
     target: services.RouteTarget,
-    session_id: str | None,
     table: NodeTable,
 ) -> services.RouteTarget:
     """``target``, or, when another control-plane replica claimed this session's pin change
-    first (``placement.claim_pin``), the plan that follows the winner's node. At most two
-    claims: the winner's node may itself be unusable here, and that move is claimed too."""
-    for _ in range(2):
-        decision = target.decision
-        if session_id is None or not decision.pins or not replicas_share_placements():
-            return target
-        winner = claim_pin(
-            session_id=session_id, previous=decision.previous, node_id=decision.node_id
-        )
-        if winner == decision.node_id:
-            return target
-        row = services.RouteRow(winner, timezone.now(), None, table.package_ids.get(winner))
-        target = plan(row=row)
-    return target
+    first (``placement.claim_pin``), the same pin change onto the winner's node: planned again
+    with every other node kept out, so this replica records the placement (or move) it would
+    have written had it won. When the winner's node cannot take the turn here, ``target``."""
+    decision = target.decision
+    session_id = target.record.session_id if target.record is not None else None
+    if session_id is None or not decision.pins or not replicas_share_placements():
+        return target
+    winner = claim_pin(session_id=session_id, pin=pin_version(row), node_id=decision.node_id)
+    if winner == decision.node_id:
+        return target
+    others = {v.node_id: WINNER_ELSEWHERE for v in table.views if v.node_id != winner}
+    try:
+        return plan(row=row, exclude={**others, **exclude})  # the real reasons win
+    except (NoHealthyNode, ArrayFull):  # not usable from here: this replica's own choice
+        return target
+
+
+WINNER_ELSEWHERE = "another control-plane replica placed the session first"
 
 
 BROKE_LAST_TURN = "broke the session's last turn"

@@ -165,17 +165,24 @@ class Worker:
         return Target(url=url, token=token, model=self.scenario.model)
 
     async def _prove_again(self) -> None:
-        """Before the next step of a run whose token was minted here: the target must prove
-        again that it is the same control plane (pid and address), else the run ends (a port
-        may change hands mid-run)."""
+        """Before the next step of a run whose token was minted here: the address the token goes
+        to must prove again that it is this control plane, else the run ends (a port may change
+        hands mid-run). Any of its processes may answer (``up --replicas`` shares one port), so
+        the address is what must match, not the pid."""
         if not self.minted or self.proven is None:
             return
-        again = await aprove(self.run.target_url)
-        if again != self.proven:
+        pinned = self.proven.pinned(self.run.target_url)
+        try:
+            again = await aprove(pinned)
+        except NotThisControlPlane as exc:
             raise NotThisControlPlane(
-                f"token: {self.run.target_url} is no longer the control plane that proved itself "
-                f"(pid {self.proven.pid} at {self.proven.address}, now pid {again.pid} at "
-                f"{again.address}); the run stops sending its token"
+                f"token: {pinned} is no longer this control plane ({exc}); the run stops sending "
+                "its token"
+            ) from exc
+        if again.address != self.proven.address:
+            raise NotThisControlPlane(
+                f"token: {pinned} answered from {again.address}, not {self.proven.address}; the "
+                "run stops sending its token"
             )
 
     def _load_run(self, target: Target) -> LoadRun:
