@@ -51,11 +51,17 @@ def _node(node_id: str) -> Node:
 
 
 def _check_node(node: Node, *, package_changed: bool = True) -> None:
-    if node.kind == Node.Kind.EXTERNAL and not node.served_name.strip():
+    if node.kind == Node.Kind.EXTERNAL and not (node.served_name or "").strip():
         raise Invalid(
             "served_name: an external node needs the model name it serves (what its "
             "/v1/models lists, or an alias clients ask for)",
             field="served_name",
+        )
+    if node.kind == Node.Kind.EXTERNAL and node.package_id is not None:
+        raise Invalid(
+            "package: an external node serves its own model and takes no package (upgrades "
+            "roll our packages over our nodes only)",
+            field="package_id",
         )
     if node.package_id is not None:
         package = ModelPackage.objects.filter(pk=node.package_id).first()

@@ -306,6 +306,6 @@ def _node_error(status: int, body: bytes, node_id: str) -> ProxyError:
     try:
         error = json.loads(body)["error"]
         message, code, param = str(error["message"]), error.get("code"), error.get("param")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError, AttributeError):
         message, code, param = body.decode("utf-8", "replace")[:500] or f"HTTP {status}", None, None
     return ProxyError(message, code=code or "node_error", status=status, param=param)

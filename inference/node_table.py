@@ -114,6 +114,36 @@ _NODE_FIELDS = (
 _node_rows = CompiledQuery(lambda: Node.objects.values_list(*_NODE_FIELDS))
 
 
+def _view(
+    node: dict[str, Any], seen: Any, *, sessions: int, inflight: Mapping[str, int]
+) -> NodeView:
+    """One node's row (``_NODE_FIELDS``) as routing sees it, with its load as last ``seen``
+    (None: unknown or stale)."""
+    return NodeView(
+        node_id=node["node_id"],
+        state=routing_state(node["state"], node["validation"]),
+        weight=effective_weight(
+            node["weight"], node["measured_speed"], bool(node["weight_measured"])
+        ),
+        load=_number(seen, "load"),
+        model=client_name(
+            served_name=node["served_name"],
+            package_name=node["package__name"],
+            family=node["package__family"],
+        ),
+        sessions=sessions,
+        affinity=bool(node["affinity"]),
+        total=_number(seen, "total"),
+        kv_used=_number(seen, "kv_used"),
+        kv_capacity=_number(seen, "kv_capacity"),
+        max_sessions=node["max_sessions"],
+        kv_budget=node["kv_budget_tokens"],
+        inflight=inflight.get(node["node_id"], 0),
+        prefill_speed=_number(seen, "prefill_speed"),
+        package_id=node["package_id"],
+    )
+
+
 def nodes_for_routing(
     *,
     stale_after_s: float,
@@ -145,29 +175,7 @@ def nodes_for_routing(
         probed = as_datetime(node["last_probe_at"])
         seen = as_json(node["last_seen_load"]) if probed is not None and probed >= cutoff else None
         views.append(
-            NodeView(
-                node_id=node_id,
-                state=routing_state(node["state"], node["validation"]),
-                weight=effective_weight(
-                    node["weight"], node["measured_speed"], bool(node["weight_measured"])
-                ),
-                load=_number(seen, "load"),
-                model=client_name(
-                    served_name=node["served_name"],
-                    package_name=node["package__name"],
-                    family=node["package__family"],
-                ),
-                sessions=pinned.counts.get(node_id, 0),
-                affinity=bool(node["affinity"]),
-                total=_number(seen, "total"),
-                kv_used=_number(seen, "kv_used"),
-                kv_capacity=_number(seen, "kv_capacity"),
-                max_sessions=node["max_sessions"],
-                kv_budget=node["kv_budget_tokens"],
-                inflight=open_requests.get(node_id, 0),
-                prefill_speed=_number(seen, "prefill_speed"),
-                package_id=node["package_id"],
-            )
+            _view(node, seen, sessions=pinned.counts.get(node_id, 0), inflight=open_requests)
         )
         addresses[node_id] = node["address"]
         if node["kind"] == "external":

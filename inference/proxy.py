@@ -462,7 +462,7 @@ def _error_message(response: httpx.Response) -> str:
     """The ``error.message`` of a node's JSON error body, else the start of its text."""
     try:
         return str(response.json()["error"]["message"])[:500]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # any body a server may send
         return response.text[:500] or f"HTTP {response.status_code}"
 
 

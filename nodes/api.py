@@ -58,7 +58,9 @@ class NodeOut(Schema):
 class NodeIn(Schema):
     node_id: str
     kind: Literal["phalanx", "external"] = "phalanx"
-    served_name: str = Field("", description="model name clients ask it for (external: required)")
+    served_name: str | None = Field(
+        None, description="model name clients ask it for (external: required; omitted: kept)"
+    )
     address: str = Field(description="host:port of the node's HTTP API")
     package: str | None = Field(None, description="package as name:version (or name: newest)")
     package_id: int | None = None
@@ -167,6 +169,8 @@ def nodes_put(request: HttpRequest, node_id: str, payload: NodeIn) -> tuple[int,
         raise Invalid("node_id: must match the URL.", field="node_id")
     data = payload.dict()
     data["package_id"] = _package_id(data.pop("package"), data["package_id"])
+    if data["served_name"] is None:  # not given: what the node serves under is kept
+        data.pop("served_name")
     if Node.objects.filter(node_id=node_id).exists():
         data.pop("node_id")
         services.node_update(node_id=node_id, changes=data)

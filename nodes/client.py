@@ -376,5 +376,5 @@ def node_http(address: str, *, node_id: str, timeout: float) -> httpx.Client:
 def _error_message(response: httpx.Response) -> str:
     try:
         return response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return f"HTTP {response.status_code}"

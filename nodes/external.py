@@ -82,13 +82,23 @@ def _load(base: str, headers: dict[str, str], timeout: float) -> dict[str, Any] 
 
 
 def _first(samples: dict[str, float], names: tuple[str, ...]) -> float | None:
-    return next((samples[n] for n in names if n in samples), None)
+    """The first of ``names`` the samples have, summed over its label sets (vLLM labels every
+    sample with ``model_name``: ``vllm:num_requests_running{model_name="..."}``)."""
+    for name in names:
+        values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+        if values:
+            return float(sum(values))
+    return None
 
 
 def external_load(slots: Any, samples: dict[str, float] | None) -> dict[str, Any] | None:
     """``{"load", "active", "queue", "total"}`` from a server's ``/slots`` list and
-    ``/metrics`` samples (either may be None); None when neither says anything. ``load`` is
-    (busy + queued) / slots when the slots are known, else busy + queued."""
+    ``/metrics`` samples (either may be None); None when neither says anything.
+
+    With its slots known, ``load`` = (busy + queued) / slots, as for our nodes. Without them
+    (vLLM: its capacity is not published), a server that queues nothing is below 1 (busy / (busy
+    + 1): it has room, the busier the less) and one that queues is above 1 (1 + queued / busy:
+    requests wait), so routing's overload threshold reads it as it reads our nodes."""
     samples = samples or {}
     total = active = None
     if isinstance(slots, list) and slots:
@@ -99,6 +109,9 @@ def external_load(slots: Any, samples: dict[str, float] | None) -> dict[str, Any
         active = _first(samples, BUSY_METRICS)
     if active is None and queue is None:
         return None
-    busy = (active or 0.0) + (queue or 0.0)
-    load = busy / total if total else busy
+    busy, waiting = active or 0.0, queue or 0.0
+    if total:
+        load = (busy + waiting) / total
+    else:
+        load = 1.0 + waiting / max(1.0, busy) if waiting else busy / (busy + 1.0)
     return {"load": round(load, 4), "active": active, "queue": queue, "total": total}

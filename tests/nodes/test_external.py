@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from nodes.external import external_load
+from nodes.metrics import parse_prometheus
 
 
 def test_it_reads_busy_slots_and_the_queue_of_a_llama_server():
@@ -12,11 +13,18 @@ def test_it_reads_busy_slots_and_the_queue_of_a_llama_server():
     assert load == {"load": 2.0, "active": 1.0, "queue": 3.0, "total": 2.0}
 
 
-def test_without_slots_it_counts_busy_and_waiting_requests():
-    samples = {"vllm:num_requests_running": 5.0, "vllm:num_requests_waiting": 2.0}
-    assert external_load(None, samples) == {"load": 7.0, "active": 5.0, "queue": 2.0, "total": None}
+def test_without_slots_a_server_that_queues_is_over_1_and_one_that_does_not_under():
+    metrics = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="llama-70b"} 4.0\n'
+        'vllm:num_requests_waiting{model_name="llama-70b"} 2.0\n'
+    )
+    queued = external_load(None, parse_prometheus(metrics))  # what vLLM really publishes
+    assert queued == {"load": 1.5, "active": 4.0, "queue": 2.0, "total": None}
+    room = external_load(None, parse_prometheus(metrics.replace("} 2.0", "} 0")))
+    assert room == {"load": 0.8, "active": 4.0, "queue": 0.0, "total": None}
     busy = external_load(None, {"llamacpp:requests_processing": 1.0})
-    assert busy == {"load": 1.0, "active": 1.0, "queue": None, "total": None}
+    assert busy == {"load": 0.5, "active": 1.0, "queue": None, "total": None}
 
 
 def test_a_server_that_publishes_nothing_has_an_unknown_load():

@@ -85,6 +85,7 @@ def _start_nodes(supervisor: Supervisor, result) -> None:
 
 CORE = ("control plane", "control loop")
 MAX_REPLICAS = 16
+MAX_REPLICA_RESTARTS = 5  # in a row: past it a replica crash-loops, and the array stops
 
 
 def _is_core(name: str) -> bool:
@@ -271,6 +272,9 @@ class Command(BaseCommand):
                 ran_s = now - supervisor.started_at[name]
                 restarts = 0 if ran_s >= backoff.stable_s else in_a_row.get(name, -1) + 1
                 in_a_row[name] = restarts
+                if _is_replica(name) and restarts >= MAX_REPLICA_RESTARTS:
+                    self.stderr.write(f"{name} exited {restarts + 1} times in a row; stopping")
+                    return returncode or 1  # a crash loop (a wrong DATABASE_URL ...) ends here
                 delay = backoff.delay(restarts)
                 due[name] = now + delay
                 what = "replica" if _is_replica(name) else "node agent"
