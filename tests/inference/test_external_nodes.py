@@ -61,6 +61,11 @@ def _wait_models(proc: Proc, timeout: float = 120.0) -> None:
 
 @sync_to_async
 def register_external(server: Proc, served_name: str) -> Node:
+    from inference.models import RoutingPolicy
+
+    policy = RoutingPolicy.load()
+    policy.request_timeout_s = 120.0  # a real model on a busy machine: no first-byte race here
+    policy.save()
     node, _ = node_services.node_upsert(
         node_id=EXTERNAL,
         kind=Node.Kind.EXTERNAL,
