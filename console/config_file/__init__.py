@@ -16,7 +16,8 @@ The shape (every section and key optional; a node needs ``id`` and ``address``):
 
 Where it goes: ``server.routing_key_header``, ``pool.health_check_interval_ms`` and
 ``pool.failover_strategy`` → ``inference.RoutingPolicy``; ``pool.nodes`` → ``nodes.Node`` (also
-``cpu_set`` and ``threads``, optional); the rest → ``console.ArrayConfig``. ``model_path`` names
+``cpu_set``, ``threads``, ``max_sessions``, ``kv_budget_tokens``, ``package``, and ``kind:
+external`` with ``served_name`` for an external OpenAI-compatible server, optional); the rest → ``console.ArrayConfig``. ``model_path`` names
 the package every listed node serves: the newest package with that ``gguf_path``, else the file
 is registered as a package when it exists on this host, else nodes keep theirs (a warning).
 

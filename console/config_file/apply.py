@@ -121,14 +121,30 @@ def _node_package(spec: NodeSpec, package: ModelPackage | None) -> ModelPackage 
         raise ConfigError(f"no package {spec.package!r}.", field=f"{spec.node_id}.package") from exc
 
 
+def _node_kind(spec: NodeSpec, node: Node | None) -> str:
+    """The node's kind after the entry (given, else as it is, else a Phalanx node); raises
+    ``ConfigError`` for an external node without the model name it serves."""
+    kind = spec.kind or (node.kind if node else Node.Kind.PHALANX)
+    if kind == Node.Kind.EXTERNAL and not (spec.served_name or (node and node.served_name)):
+        raise ConfigError(
+            "is required for an external node (the model name it serves).",
+            line=spec.line,
+            field=f"{spec.where}.served_name",
+        )
+    return kind
+
+
 def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyReport) -> None:
     node = Node.objects.filter(node_id=spec.node_id).first()
     if node is None and spec.address is None:
         raise ConfigError(
             "is required for a new node.", line=spec.line, field=f"{spec.where}.address"
         )
-    package = _node_package(spec, package)
+    kind = _node_kind(spec, node)
+    package = _node_package(spec, package) if kind != Node.Kind.EXTERNAL else None
     given = {
+        "kind": kind,
+        "served_name": spec.served_name,
         "address": spec.address,
         "package_id": package.pk if package else None,
         "weight": spec.weight,
@@ -138,7 +154,7 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
         "max_sessions": spec.max_sessions,
         "kv_budget_tokens": spec.kv_budget_tokens,
     }
-    defaults = {"weight": 1.0, "affinity": True, "cpu_set": "", "threads": 1}
+    defaults = {"weight": 1.0, "affinity": True, "cpu_set": "", "threads": 1, "served_name": ""}
     defaults |= {"max_sessions": 0, "kv_budget_tokens": 0, "package_id": None}
     wanted = {
         k: v if v is not None else (getattr(node, k) if node else defaults.get(k))
@@ -161,6 +177,8 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
         threads=wanted["threads"],
         weight=wanted["weight"],
         affinity=wanted["affinity"],
+        kind=wanted["kind"],
+        served_name=wanted["served_name"],
     )
     limits = {k: wanted[k] for k in ("max_sessions", "kv_budget_tokens")}
     if any(getattr(saved, k) != v for k, v in limits.items()):

@@ -77,6 +77,10 @@ def _node_entry(node: Node) -> _Flow:
     )
     if node.package:
         entry["package"] = node.package.key
+    if node.kind != Node.Kind.PHALANX:
+        entry["kind"] = node.kind
+    if node.served_name:
+        entry["served_name"] = node.served_name
     return entry
 
 

@@ -11,7 +11,9 @@ from console.config_file.spec import (
     _ADDRESS,
     _CPU_SET,
     _HEADER,
+    _KIND,
     _NODE_ID,
+    _SERVED_NAME,
     MAX_BYTES,
     ArraySpec,
     ConfigError,
@@ -105,6 +107,8 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
             "package",
             "max_sessions",
             "kv_budget_tokens",
+            "kind",
+            "served_name",
         },
     )
     for required in ("id",):  # an existing node's address may be left as it is
@@ -127,6 +131,13 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
         else None,
         where=path,
         line=_line(node),
+        **_node_settings(keys, path),
+    )
+
+
+def _node_settings(keys: dict[str, yaml.Node], path: str) -> dict[str, Any]:
+    """A node entry's optional settings (None: not in the file, leave as it is)."""
+    return dict(
         weight=_number(keys["weight"], f"{path}.weight", 0) if "weight" in keys else None,
         affinity=_bool(keys["affinity"], f"{path}.affinity") if "affinity" in keys else None,
         cpu_set=_string(
@@ -143,6 +154,16 @@ def _node_spec(node: yaml.Node, path: str) -> NodeSpec:
         else None,
         kv_budget_tokens=_int(keys["kv_budget_tokens"], f"{path}.kv_budget_tokens", 0)
         if "kv_budget_tokens" in keys
+        else None,
+        kind=_string(keys["kind"], f"{path}.kind", (_KIND, "must be phalanx or external."))
+        if "kind" in keys
+        else None,
+        served_name=_string(
+            keys["served_name"],
+            f"{path}.served_name",
+            (_SERVED_NAME, "must be a model name of 1 to 128 characters, no spaces."),
+        )
+        if "served_name" in keys
         else None,
     )
 

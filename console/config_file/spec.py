@@ -12,6 +12,8 @@ _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$|^\[[0-9A-Fa-f:.]+\]:\d{1,5}$")
 _HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]{0,63}$")
 _NODE_ID = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
 _CPU_SET = re.compile(r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_KIND = re.compile(r"^(phalanx|external)$")
+_SERVED_NAME = re.compile(r"^\S{1,128}$")
 MAX_BYTES = 1 << 20
 
 
@@ -35,6 +37,8 @@ class NodeSpec:
     package: str | None = None  # "name:version"; else inference.model_path's, else unchanged
     max_sessions: int | None = None
     kv_budget_tokens: int | None = None
+    kind: str | None = None  # "phalanx" or "external" (an OpenAI-compatible server)
+    served_name: str | None = None  # the model name clients ask it for (external: required)
     where: str = ""  # "pool.nodes[2]", for errors found on apply
     line: int | None = None
 

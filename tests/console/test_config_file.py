@@ -260,3 +260,52 @@ def test_a_node_entry_may_leave_out_what_it_keeps():
     with pytest.raises(ConfigError) as info:
         apply_config_text("pool:\n  nodes:\n    - {id: node-new, weight: 4}\n")
     assert info.value.field == "pool.nodes[0].address" and info.value.line == 3
+
+
+EXTERNAL_EXAMPLE = """\
+pool:
+  nodes:
+    - {id: node-01, address: 127.0.0.11:9391}
+    - {id: gpu-1, kind: external, served_name: llama-3.1-70b, address: 198.18.0.20:8080}
+inference:
+  model_path: /opt/models/agent-q4_k_m.gguf
+"""
+
+
+def test_an_external_node_round_trips_with_its_model_and_takes_no_package():
+    from inference.models import ModelPackage
+
+    ModelPackage.objects.create(
+        name="agent-q4_k_m", version="1", gguf_path="/opt/models/agent-q4_k_m.gguf", sha256=""
+    )
+    assert apply_config_text(EXTERNAL_EXAMPLE).created == ["node-01", "gpu-1"]
+    gpu = Node.objects.get(node_id="gpu-1")
+    assert (gpu.kind, gpu.served_name, gpu.package, gpu.validation) == (
+        "external",
+        "llama-3.1-70b",
+        None,
+        "waived",
+    )
+    written = {n["id"]: n for n in yaml.safe_load(export_config())["pool"]["nodes"]}
+    assert "kind" not in written["node-01"] and written["node-01"]["package"] == "agent-q4_k_m:1"
+    assert written["gpu-1"]["kind"] == "external" and "package" not in written["gpu-1"]
+    assert written["gpu-1"]["served_name"] == "llama-3.1-70b"
+    assert not apply_config_text(export_config()).changed
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "says"),
+    [
+        ("{id: g, kind: gpu, address: 127.0.0.1:1}", "pool.nodes[0].kind", "phalanx or external"),
+        ("{id: g, kind: external, address: 127.0.0.1:1}", "pool.nodes[0].served_name", "required"),
+        (
+            "{id: g, served_name: 'a b', address: 127.0.0.1:1}",
+            "pool.nodes[0].served_name",
+            "no spaces",
+        ),
+    ],
+)
+def test_a_bad_kind_or_served_name_names_its_field(entry, field, says):
+    with pytest.raises(ConfigError) as bad:
+        apply_config_text(f"pool:\n  nodes:\n    - {entry}\n")
+    assert bad.value.field == field and says in bad.value.message

@@ -154,7 +154,7 @@ NODE = "pool:\n  nodes:\n    - {id: a, %s}\n"
         (NODE % "package: {a: 1}", "line 3, pool.nodes[0].package: must be a single value."),
         (
             NODE % "colour: red",
-            "line 3, pool.nodes[0].colour: unknown key; expected one of address, affinity, cpu_set, id, kv_budget_tokens, max_sessions, package, threads, weight.",
+            "line 3, pool.nodes[0].colour: unknown key; expected one of address, affinity, cpu_set, id, kind, kv_budget_tokens, max_sessions, package, served_name, threads, weight.",
         ),
         (
             "pool:\n  nodes:\n    - {id: a}\n    - {id: b}\n    - {id: a}\n",
