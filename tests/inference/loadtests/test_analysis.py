@@ -233,3 +233,133 @@ def test_it_measures_each_steps_cpu_against_the_cpus_a_node_computes_on():
         "a",
         98.0,
     )  # b's CPUs are unknown: not judged
+
+
+# --- each figure of the report's tables, exactly as a user reads it --------------------------
+
+
+def test_it_fills_every_column_of_the_step_table():
+    turns = [
+        turn(
+            0,
+            3,
+            ttft=(k + 1) / 100 + 0.000123,
+            lat=(k + 1) / 100 + 0.500077 + k / 1000,
+            hit=k % 2 == 1,
+            prompt=101,
+            cached=70 + k,
+            completion=10 + k,
+        )
+        for k in range(40)
+    ]
+    turns += [turn(0, 3, ok=False, ttft=None, prompt=1000, cached=1000, completion=500)] * 3
+    sessions = [{"step": 0, "dur": i / 7 + 0.01234, "complete": True} for i in range(100)]
+    sessions.append({"step": 0, "dur": 999.0, "complete": False})
+    steps = [{"step": 0, "c": 3, "started": 2.0, "ended": 2.4567}]
+    assert step_rows(turns, sessions, steps) == [
+        {
+            "step": 0,
+            "concurrency": 3,
+            "requests": 43,
+            "errors": 3,
+            "error_rate": 0.0698,
+            "duration_s": 0.46,
+            "requests_per_s": 87.585,
+            "tokens_per_s": 2583.75,  # 1180 completion tokens of the answered turns
+            "ttft_p50_s": 0.2001,
+            "ttft_p95_s": 0.3801,
+            "hit_turns": 20,
+            "hit_ttft_p95_s": 0.3801,
+            "turn_p50_s": 0.7191,
+            "turn_p95_s": 0.9171,
+            "sessions": 100,
+            "session_mean_s": 7.084,
+            "session_p95_s": 13.441,
+            "session_p99_s": 14.012,
+            "cached_ratio": 0.8861,
+            "stream_decode_tps": 53.95,
+        }
+    ]
+
+
+def test_it_keeps_each_step_to_its_own_records_and_an_empty_step_to_zeros():
+    turns = [turn(0, 1, ttft=0.2), turn(1, 6, ttft=9.0)]
+    sessions = [
+        {"step": 1, "dur": 500.0, "complete": True},
+        {"step": 0, "dur": 1.0, "complete": True},
+    ]
+    steps = [
+        {"step": 1, "c": 6, "started": 2.5, "ended": 12.5},
+        {"step": 2, "c": 8, "started": 12.5, "ended": 12.5},
+    ]
+    one, empty = step_rows(turns, sessions, steps)
+    assert (one["requests"], one["ttft_p95_s"], one["session_mean_s"]) == (1, 9.0, 500.0)
+    assert (one["requests_per_s"], one["tokens_per_s"], one["cached_ratio"]) == (0.1, 2.0, 0.95)
+    assert one["stream_decode_tps"] is None  # its latency is under its TTFT: no decode span
+    assert empty == {
+        "step": 2,
+        "concurrency": 8,
+        "requests": 0,
+        "errors": 0,
+        "error_rate": 0.0,
+        "duration_s": 0.0,
+        "requests_per_s": 0.0,
+        "tokens_per_s": 0.0,
+        "ttft_p50_s": None,
+        "ttft_p95_s": None,
+        "hit_turns": 0,
+        "hit_ttft_p95_s": None,
+        "turn_p50_s": None,
+        "turn_p95_s": None,
+        "sessions": 0,
+        "session_mean_s": None,
+        "session_p95_s": None,
+        "session_p99_s": None,
+        "cached_ratio": None,
+        "stream_decode_tps": None,
+    }
+
+
+def test_it_measures_a_stream_from_its_first_token_over_50_ms_or_more():
+    node_said = turn(0, 1, ttft=0.1, lat=0.2, completion=5, decode_tps=38.5)
+    no_ttft = {**turn(0, 1, lat=0.05, completion=2), "ttft": None}  # 1 token in 50 ms
+    one_token = turn(0, 1, ttft=0.1, lat=1.1, completion=1)
+    assert analysis._stream_rates([node_said, no_ttft, one_token, node_said]) == [
+        38.5,
+        20.0,
+        38.5,
+    ]
+
+
+def test_it_splits_ttft_at_each_percentile_of_the_answered_turns_with_node_timings():
+    turns = [
+        turn(
+            0,
+            1,
+            ttft=0.1 + k / 1000,
+            queue_ms=1.23456 * (k + 1),
+            prefill_ms=10.12345 * (k + 1),
+            node_ttft_ms=20.003 + k * 1.23456,
+        )
+        for k in range(20)
+    ]
+    turns += [
+        turn(0, 1, ok=False, queue_ms=999, prefill_ms=999, node_ttft_ms=999),
+        {**turn(0, 1), "queue_ms": None},  # a target that sends no timings
+    ]
+    assert analysis.ttft_split(turns) == {
+        "turns": 20,
+        "queue_p50_ms": 12.35,
+        "queue_p95_ms": 23.46,
+        "prefill_p50_ms": 101.23,
+        "prefill_p95_ms": 192.35,
+        "node_ttft_p50_ms": 31.11,
+        "node_ttft_p95_ms": 42.23,
+        "after_node_p50_ms": 77.65,
+        "after_node_p95_ms": 79.76,
+    }
+    no_client_ttft = turn(0, 1, ttft=None, queue_ms=0.5, prefill_ms=0.5, node_ttft_ms=1.0)
+    no_node_ttft = turn(0, 1, ttft=0.3, queue_ms=0.7, prefill_ms=0.7)
+    split = analysis.ttft_split([no_client_ttft, no_node_ttft])
+    assert (split["turns"], split["node_ttft_p95_ms"], split["after_node_p95_ms"]) == (2, 1.0, None)
+    assert set(analysis.ttft_split([]).values()) == {0, None}
