@@ -62,14 +62,11 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
     base = f"http://{address}"
     try:
         response = sync_client().get(f"{base}/health", timeout=timeout)
-    except httpx.TimeoutException as exc:
-        return ProbeResult(False, "timeout", f"no answer in {timeout:g} s ({type(exc).__name__})")
     except httpx.TransportError as exc:
-        return ProbeResult(False, "unreachable", f"{type(exc).__name__}: {exc}"[:200])
-    if response.status_code == 503:
-        return ProbeResult(False, "loading", "health 503 (loading)")
-    if response.status_code != 200:
-        return ProbeResult(False, "error", f"health answered {response.status_code}")
+        return probe_failure(exc, timeout)
+    unhealthy = health_refusal(response, "health")
+    if unhealthy is not None:
+        return unhealthy
     stranger = _stranger(response, node_id)
     if stranger:
         return ProbeResult(False, "error", stranger)
@@ -85,6 +82,23 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
     except httpx.TransportError:
         load = None
     return ProbeResult(True, "ok", "", load, _device_block(response))
+
+
+def probe_failure(exc: httpx.TransportError, timeout: float) -> ProbeResult:
+    """A probe that got no answer: ``timeout`` (a hung or stopped process) or ``unreachable``."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ProbeResult(False, "timeout", f"no answer in {timeout:g} s ({type(exc).__name__})")
+    return ProbeResult(False, "unreachable", f"{type(exc).__name__}: {exc}"[:200])
+
+
+def health_refusal(response: httpx.Response, what: str) -> ProbeResult | None:
+    """A health answer that is not 200: ``loading`` (503) or ``error`` naming ``what`` answered;
+    None for a 200."""
+    if response.status_code == 503:
+        return ProbeResult(False, "loading", "health 503 (loading)")
+    if response.status_code != 200:
+        return ProbeResult(False, "error", f"{what} answered {response.status_code}")
+    return None
 
 
 def _device_block(health: httpx.Response) -> dict[str, Any] | None:

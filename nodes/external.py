@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from nodes.client import ProbeResult, sync_client
+from nodes.client import ProbeResult, health_refusal, probe_failure, sync_client
 from nodes.credentials import node_auth_headers
 from nodes.metrics import parse_prometheus
 
@@ -41,15 +41,11 @@ def probe_external(address: str, *, node_id: str, timeout: float) -> ProbeResult
         health = sync_client().get(f"{base}/health", headers=headers, timeout=timeout)
         if health.status_code in (404, 405):
             health = _models(base, headers, timeout)
-    except httpx.TimeoutException as exc:
-        return ProbeResult(False, "timeout", f"no answer in {timeout:g} s ({type(exc).__name__})")
     except httpx.TransportError as exc:
-        return ProbeResult(False, "unreachable", f"{type(exc).__name__}: {exc}"[:200])
-    if health.status_code == 503:
-        return ProbeResult(False, "loading", "health 503 (loading)")
-    if health.status_code != 200:
-        path = health.request.url.path
-        return ProbeResult(False, "error", f"{path} answered {health.status_code}")
+        return probe_failure(exc, timeout)
+    unhealthy = health_refusal(health, health.request.url.path)
+    if unhealthy is not None:
+        return unhealthy
     return ProbeResult(True, "ok", "", _load(base, headers, timeout))
 
 
