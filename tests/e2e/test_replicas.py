@@ -17,7 +17,14 @@ import pytest
 
 from tests.fakenode import FakeNode
 from tests.support.postgres import fresh_database, redis_url
-from tests.support.processes import REPO, Proc, free_port, start_control_plane, wait_healthy
+from tests.support.processes import (
+    REPO,
+    Proc,
+    bundled_model_path,
+    free_port,
+    start_control_plane,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -145,7 +152,8 @@ def test_up_runs_replicas_behind_one_port(tmp_path):
     import secrets
     import signal
 
-    (tmp_path / "models").symlink_to(REPO / "var" / "models")  # the bundled model, fetched once
+    bundled_model_path()  # fetched once into the checkout's var/models
+    (tmp_path / "models").symlink_to(REPO / "var" / "models")
     port = free_port()
     with fresh_database("phalanx_up") as database:
         env = {
