@@ -108,7 +108,7 @@ def array(fleet, monkeypatch) -> Iterator[Array]:
     monkeypatch.setattr(node_client, "probe", REAL_PROBE)
     array = Array(["n1", "n2", "n3"])
     http = httpx.Client(transport=httpx.MockTransport(array.handle), trust_env=False)
-    monkeypatch.setattr(node_client, "_client", lambda: http)
+    monkeypatch.setattr(node_client, "sync_client", lambda: http)
     policy = RoutingPolicy.load()
     policy.canary_idle_s = 0  # no canary completions: the simulated engine takes none
     policy.save()
