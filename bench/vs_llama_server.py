@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
+import platform
 import random
 import shutil
 import subprocess
@@ -66,10 +68,25 @@ LLAMA_CPP_PYTHON = "0.3.36"  # pyproject.toml pins the same version
 NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 
 
+def cpu_flags() -> list[str]:
+    """The Makefile's ``LLAMA_CMAKE_ARGS`` (``$LLAMA_CMAKE_ARGS`` when set), so that both sides
+    run the same kernels."""
+    if os.environ.get("LLAMA_CMAKE_ARGS"):
+        return os.environ["LLAMA_CMAKE_ARGS"].split()
+    if platform.machine() != "x86_64":
+        return []
+    return [
+        "-DGGML_NATIVE=OFF",
+        *(f"-DGGML_{flag}=ON" for flag in ("AVX", "AVX2", "FMA", "F16C", "BMI2")),
+    ]
+
+
 def ensure_llama_server(cache: Path) -> Path:
     """The ``llama-server`` binary, built on first use (minutes) from the vendored sources."""
     root = cache / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
-    binary = root / "build" / "bin" / "llama-server"
+    flags = cpu_flags()  # one build a set of flags (an older native build is not reused)
+    build = root / ("build-" + hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8])
+    binary = build / "bin" / "llama-server"
     if binary.exists():
         return binary
     root.mkdir(parents=True, exist_ok=True)
@@ -88,16 +105,17 @@ def ensure_llama_server(cache: Path) -> Path:
             sources
         )
         shutil.rmtree(root / "unpack")
-    # llama-cpp-python builds the same sources with llama.cpp's defaults (native CPU flags)
+    # the same sources with the same CPU flags as the Makefile builds llama-cpp-python with
+    # (x86-64-v3, never GGML_NATIVE: a native build dies of SIGILL on AMX tiles here)
     subprocess.run(
-        ["cmake", "-S", str(sources), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release"]
+        ["cmake", "-S", str(sources), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
         + ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF"]
-        + ["-DLLAMA_BUILD_EXAMPLES=OFF"],
+        + ["-DLLAMA_BUILD_EXAMPLES=OFF", *flags],
         check=True,
         stdout=subprocess.DEVNULL,
     )
     subprocess.run(
-        ["cmake", "--build", str(root / "build"), "--target", "llama-server"]
+        ["cmake", "--build", str(build), "--target", "llama-server"]
         + ["-j", str(os.cpu_count() or 2)],
         check=True,
         stdout=subprocess.DEVNULL,
