@@ -22,6 +22,7 @@ from tests.support.processes import (
     Proc,
     bundled_model_path,
     free_port,
+    migrated_with_token,
     start_control_plane,
     wait_healthy,
 )
@@ -47,13 +48,11 @@ class Replicas:
 
 
 def _setup(nodes: list[FakeNode]) -> str:
-    """``manage.py shell`` code: a package, the fake nodes up and validated, an admin token."""
+    """``manage.py shell`` code: a package and the fake nodes, up and validated."""
     rows = "\n".join(f"add('{n.node_id}', '{n.address}')" for n in nodes)
     return f"""
 from django.utils import timezone
-from console.models import Role
 from inference.models import ModelPackage
-from inference.tokens import token_issue
 from nodes.models import Node
 package = ModelPackage.objects.create(
     name="{MODEL}", version="1", gguf_path="/tmp/x.gguf", sha256="0" * 64, quantization="Q4_1"
@@ -62,7 +61,6 @@ def add(node_id, address):
     Node.objects.create(node_id=node_id, address=address, package=package, state="up",
         validation="passed", last_probe_at=timezone.now(), last_seen_load={{"load": 0.0}})
 {rows}
-print(token_issue(name="replicas", role=Role.ADMIN)[1])
 """
 
 
@@ -72,17 +70,7 @@ def replicas(tmp_path) -> Iterator[Replicas]:
     with fresh_database("phalanx_replicas") as database:
         env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": database, "REDIS_URL": redis_url()}
         full = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "console.settings"}
-        manage = [sys.executable, "manage.py"]
-        subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=full, check=True)
-        shell = subprocess.run(
-            [*manage, "shell", "-c", _setup(nodes)],
-            cwd=REPO,
-            env=full,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        token = shell.stdout.strip().splitlines()[-1]
+        token = migrated_with_token(full, _setup(nodes))
         planes = []
         for i in range(2):
             (tmp_path / f"r{i}").mkdir()

@@ -146,6 +146,15 @@ def control_plane_at_home(home: Path, *, setup: str = "") -> tuple[Proc, str, di
     env = {**os.environ, **extra, "DJANGO_SETTINGS_MODULE": "console.settings"}
     env.pop("REDIS_URL", None)
     env.pop("DATABASE_URL", None)
+    token = migrated_with_token(env, setup)
+    plane = start_control_plane(free_port(), home, env=extra)
+    wait_healthy(plane.url, plane, timeout=60)
+    return plane, token, extra
+
+
+def migrated_with_token(env: dict[str, str], setup: str = "") -> str:
+    """Migrate the database of ``env`` (a whole process environment), run ``setup`` (Python, in
+    ``manage.py shell``) and issue an admin API token; returns the token's plaintext."""
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True)
     issue = (
@@ -160,10 +169,7 @@ def control_plane_at_home(home: Path, *, setup: str = "") -> tuple[Proc, str, di
         capture_output=True,
         text=True,
     )
-    token = shell.stdout.strip().splitlines()[-1]
-    plane = start_control_plane(free_port(), home, env=extra)
-    wait_healthy(plane.url, plane, timeout=60)
-    return plane, token, extra
+    return shell.stdout.strip().splitlines()[-1]
 
 
 def manage_shell(env: dict[str, str], code: str) -> None:
