@@ -1,6 +1,7 @@
 """Two control-plane replicas (two daphne processes) on one PostgreSQL database and one Redis,
 as the scale-out mode runs them (issue 30): they behave as one array. Fake nodes stand in for
-node agents (what is tested is the control plane)."""
+node agents (what is tested is the control plane). A replica killed under chat load and a job
+taken over from a dead replica: ``test_replica_failures.py``."""
 
 from __future__ import annotations
 
@@ -10,80 +11,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.fakenode import FakeNode
 from tests.support.postgres import fresh_database, redis_url
-from tests.support.processes import (
-    REPO,
-    Proc,
-    bundled_model_path,
-    free_port,
-    migrated_with_token,
-    start_control_plane,
-    wait_healthy,
-)
+from tests.support.processes import REPO, bundled_model_path, free_port, wait_healthy
+from tests.support.replicas import MODEL, Replicas, replica_array
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "smollm2-test"
 SESSIONS = 24
-
-
-@dataclass
-class Replicas:
-    planes: list[Proc]
-    token: str
-    nodes: list[FakeNode]
-
-    def chat(self, client: httpx.AsyncClient, plane: int, session: str, text: str):
-        return client.post(
-            f"{self.planes[plane].url}/v1/chat/completions",
-            json={"model": MODEL, "messages": [{"role": "user", "content": text}]},
-            headers={"Authorization": f"Bearer {self.token}", "X-Session-Id": session},
-        )
-
-
-def _setup(nodes: list[FakeNode]) -> str:
-    """``manage.py shell`` code: a package and the fake nodes, up and validated."""
-    rows = "\n".join(f"add('{n.node_id}', '{n.address}')" for n in nodes)
-    return f"""
-from django.utils import timezone
-from inference.models import ModelPackage
-from nodes.models import Node
-package = ModelPackage.objects.create(
-    name="{MODEL}", version="1", gguf_path="/tmp/x.gguf", sha256="0" * 64, quantization="Q4_1"
-)
-def add(node_id, address):
-    Node.objects.create(node_id=node_id, address=address, package=package, state="up",
-        validation="passed", last_probe_at=timezone.now(), last_seen_load={{"load": 0.0}})
-{rows}
-"""
 
 
 @pytest.fixture
 def replicas(tmp_path) -> Iterator[Replicas]:
-    nodes = [FakeNode(f"node-{i:02d}", token_delay=0.02).start() for i in (1, 2, 3)]
-    with fresh_database("phalanx_replicas") as database:
-        env = {"PHALANX_HOME": str(tmp_path), "DATABASE_URL": database, "REDIS_URL": redis_url()}
-        full = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "console.settings"}
-        token = migrated_with_token(full, _setup(nodes))
-        planes = []
-        for i in range(2):
-            (tmp_path / f"r{i}").mkdir()
-            planes.append(start_control_plane(free_port(), tmp_path / f"r{i}", env=env))
-        try:
-            for plane in planes:
-                wait_healthy(plane.url, plane, timeout=60)
-            yield Replicas(planes, token, nodes)
-        finally:
-            for plane in planes:
-                plane.stop()
-            for node in nodes:
-                node.stop()
+    with replica_array(tmp_path) as array:
+        yield array
 
 
 async def _first_turns_at_once(replicas: Replicas) -> list[tuple[str, str, str]]:
