@@ -27,8 +27,8 @@ from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.models import ModelPackage
 from inference.packages.services import package_import_file
 from inference.tokens import ENV_TOKEN, token_issue
-from nodes.agent.auth import ENV_CREDENTIAL
-from nodes.credentials import array_id, node_credential
+from nodes.agent.auth import ENV_CREDENTIAL, ENV_PROOF_KEY
+from nodes.credentials import array_id, node_keys
 from nodes.models import Node
 from nodes.services import node_record_restart, node_undrain, node_upsert
 
@@ -203,10 +203,15 @@ def node_command_now(node_id: str, *, fallback: Path, host_ram_mib: int | None =
 
 
 def node_environment(node: Node) -> dict[str, str]:
-    """What a local node agent gets beside its command line: its credential (in the
-    environment, not on the command line, where every local user could read it) and the
+    """What a local node agent gets beside its command line: its credential and proof key (in
+    the environment, not on the command line, where every local user could read them) and the
     array's id (reported in its ``/health``)."""
-    return {ENV_CREDENTIAL: node_credential(node.node_id), "PHALANX_ARRAY_ID": array_id()}
+    keys = node_keys(node.node_id)
+    return {
+        ENV_CREDENTIAL: keys.credential,
+        ENV_PROOF_KEY: keys.proof_key,
+        "PHALANX_ARRAY_ID": array_id(),
+    }
 
 
 def control_plane_command(

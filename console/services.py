@@ -12,11 +12,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from console.lib.audit import audit_record, current_actor, diff
+from console.lib.audit import acting_as, audit_record, current_actor, diff
 from console.lib.errors import Conflict, Invalid, NotFound
 from inference.models import ModelPackage
 from inference.packages import services as package_services
-from nodes import device_validation
+from nodes import device_validation, joining
 from nodes import services as node_services
 from nodes.live import live_node_changed, live_node_removed
 from nodes.models import Node, NodeEvent, ValidationRun
@@ -229,6 +229,33 @@ def node_waive_validation(*, node_id: str, reason: str) -> Node:
         changes=diff({"validation": before}, {"validation": node.validation}) + [reason[:200]],
     )
     return node
+
+
+@transaction.atomic
+def node_join(
+    *, join_token: str, node_id: str, address: str, package_id: int | None = None
+) -> joining.JoinGrant:
+    """Register a node that joins with a one-time ``join_token`` (``runnode --join``): the
+    token is checked and spent, the node created as ``node_create`` would (same checks), and
+    its ``JoinGrant`` returned. All or nothing: a refused field leaves the token unused.
+    Raises ``JoinTokenRefused`` (401 unknown, 403 expired or used), ``Conflict`` (the id
+    exists), ``Invalid`` (a bad field)."""
+    token = joining.join_token_take(raw=join_token)
+    with acting_as(f"join token {token.prefix}"):
+        node = node_create(node_id=node_id, address=address, package_id=package_id)
+    return joining.join_complete(token=token, node=node)
+
+
+def join_token_mint(*, ttl_s: int, note: str = "") -> tuple[Any, str]:
+    """A new one-time join token by the current actor: ``(row, plaintext)``. Raises
+    ``Invalid`` (``ttl_s`` out of range)."""
+    return joining.join_token_mint(ttl_s=ttl_s, note=note, by=current_actor())
+
+
+def node_revoke_credential(*, node_id: str) -> NodeEvent:
+    """Revoke a node's credential by the current actor (``nodes.joining``): it is down and
+    refused at once. Raises ``NotFound``."""
+    return joining.node_credential_revoke(node_id=node_id, by=current_actor())
 
 
 # --- packages -------------------------------------------------------------------------------

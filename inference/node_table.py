@@ -19,6 +19,7 @@ from console.lib.compiled_sql import CompiledQuery, as_datetime, as_json
 from inference.model_names import client_name, package_key
 from inference.models import SessionRoute
 from inference.routing import NodeView
+from nodes.credentials import remember_epochs
 from nodes.models import Node, effective_weight
 from nodes.selectors import routing_state
 
@@ -108,6 +109,7 @@ _NODE_FIELDS = (
     "validation",
     "measured_speed",
     "weight_measured",
+    "credential_epoch",
 )
 
 
@@ -169,7 +171,9 @@ def nodes_for_routing(
     package_keys: dict[str, str | None] = {}
     open_requests = inflight or {}
     external: set[str] = set()
-    for row in _node_rows.rows():
+    rows = _node_rows.rows()
+    remember_epochs((r[0], r[-1], r[1]) for r in rows)  # node_id, credential_epoch, kind
+    for row in rows:
         node = dict(zip(_NODE_FIELDS, row, strict=True))
         node_id = node["node_id"]
         probed = as_datetime(node["last_probe_at"])

@@ -1,6 +1,9 @@
 """Admin API for the node inventory (``/api/nodes``): list, register, change, remove, drain,
-undrain and the event log. Reads need the viewer role, drain/undrain operator, the rest admin
-(``console.lib.access``). Errors: ``{"detail", "code", "field"}`` with 401/403/404/409/422."""
+undrain and the event log; join tokens, joining and revoking a node's credential
+(docs/node-protocol.md, "Joining from another host"). Reads need the viewer role, drain/undrain
+operator, the rest admin (``console.lib.access``); ``POST /api/nodes/join`` needs a join token
+instead, ``GET /api/nodes/self`` the node's own credential. Errors: ``{"detail", "code",
+"field"}`` with 401/403/404/409/422."""
 
 from __future__ import annotations
 
@@ -8,12 +11,14 @@ from datetime import datetime
 from typing import Literal
 
 from django.http import HttpRequest
+from django.utils.timezone import now
 from ninja import Field, Router, Schema
 
 from console import services
 from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
-from console.lib.errors import Invalid, NotFound
+from console.lib.errors import ConsoleError, Invalid, NotFound
 from inference.models import ModelPackage
+from nodes import joining
 from nodes.models import Node
 from nodes.selectors import nodes_with_pinned
 
@@ -137,6 +142,143 @@ def _package_id(key: str | None, package_id: int | None) -> int | None:
     if package is None:
         raise Invalid(f"package: no package {key!r}.", field="package")
     return package.pk
+
+
+# --- joining from another host (before /nodes/{node_id}, which would take these paths) ------
+
+
+class JoinTokenIn(Schema):
+    ttl_s: int = Field(joining.DEFAULT_TTL_S, description="seconds it is valid (60 to 604800)")
+    note: str = Field("", description="what it is for (the host it goes to)")
+
+
+class JoinTokenOut(Schema):
+    prefix: str
+    note: str
+    created_by: str
+    created_at: datetime
+    expires_at: datetime
+    used_at: datetime | None
+    node_id: str = Field("", description="the node it made")
+    state: str = Field(description="unused, used or expired")
+
+
+class JoinTokenMintedOut(JoinTokenOut):
+    token: str = Field(description="the token itself: shown in this answer only")
+    command: str = Field(description="what to run on the node's host")
+
+
+class JoinIn(Schema):
+    join_token: str
+    node_id: str
+    address: str = Field(description="host:port the control plane reaches the node at")
+    package: str | None = Field(None, description="package as name:version (or name: newest)")
+
+
+class JoinOut(Schema):
+    node_id: str
+    credential: str = Field(description="what the control plane presents to the node")
+    proof_key: str = Field(description="what the node answers the control plane's challenge with")
+    epoch: str
+    array_id: str
+
+
+class NodeSelfOut(Schema):
+    node_id: str
+    address: str
+    state: str
+
+
+def join_command(base_url: str, token: str) -> str:
+    """The ``runnode --join`` command line an operator runs on the node's host."""
+    return (
+        f"python manage.py runnode --join {base_url} --join-token {token} --id NODE_ID "
+        "--listen 0.0.0.0:9401 --advertise THIS_HOST:9401 --model MODEL.gguf "
+        "--credential-file var/node.credential"
+    )
+
+
+def _token_out(row, **extra) -> dict:
+    state = "used" if row.used_at else "expired" if row.expires_at <= now() else "unused"
+    fields = ("prefix", "note", "created_by", "created_at", "expires_at", "used_at")
+    return {
+        **{f: getattr(row, f) for f in fields},
+        "node_id": row.joined_node_id,
+        "state": state,
+        **extra,
+    }
+
+
+@router.post(
+    "/nodes/join-tokens",
+    response={201: JoinTokenMintedOut},
+    summary="Mint a one-time join token",
+    auth=NEEDS_ADMIN,
+)
+def nodes_join_token_mint(request: HttpRequest, payload: JoinTokenIn) -> tuple[int, dict]:
+    row, raw = services.join_token_mint(ttl_s=payload.ttl_s, note=payload.note)
+    base = request.build_absolute_uri("/").rstrip("/")
+    return 201, _token_out(row, token=raw, command=join_command(base, raw))
+
+
+@router.get(
+    "/nodes/join-tokens",
+    response=list[JoinTokenOut],
+    summary="Recent join tokens",
+    auth=NEEDS_ADMIN,
+)
+def nodes_join_tokens(request: HttpRequest) -> list[dict]:
+    return [_token_out(row) for row in joining.join_tokens_recent()]
+
+
+@router.post(
+    "/nodes/join",
+    response={201: JoinOut},
+    summary="Join the array with a join token (a node agent's call)",
+    auth=None,
+)
+def nodes_join(request: HttpRequest, payload: JoinIn) -> tuple[int, JoinOut]:
+    package_id = _package_id(payload.package, None) if payload.package else None
+    grant = services.node_join(
+        join_token=payload.join_token,
+        node_id=payload.node_id,
+        address=payload.address,
+        package_id=package_id,
+    )
+    return 201, JoinOut(**grant.__dict__)
+
+
+class NodeCredentialRefused(ConsoleError):
+    status = 401
+    code = "node_credential_refused"
+
+
+@router.get(
+    "/nodes/self",
+    response=NodeSelfOut,
+    summary="The calling node's registration (node credential)",
+    auth=None,
+)
+def nodes_self(request: HttpRequest, node_id: str) -> NodeSelfOut:
+    node = joining.node_presents_own_credential(
+        node_id=node_id, authorization=request.headers.get("Authorization")
+    )
+    if node is None:
+        raise NodeCredentialRefused(
+            f"not the credential of node {node_id!r} (revoked, or never this array's)."
+        )
+    return NodeSelfOut(node_id=node.node_id, address=node.address, state=node.state)
+
+
+@router.post(
+    "/nodes/{node_id}/revoke",
+    response=NodeOut,
+    summary="Revoke a node's credential (it is refused at once)",
+    auth=NEEDS_ADMIN,
+)
+def nodes_revoke(request: HttpRequest, node_id: str) -> NodeOut:
+    services.node_revoke_credential(node_id=node_id)
+    return _out(node_id)
 
 
 @router.get("/nodes", response=list[NodeOut], summary="List nodes", auth=NEEDS_VIEWER)

@@ -1,7 +1,10 @@
 """All outbound HTTP from the control plane to nodes goes through this module (httpx).
 
 Every call but ``/health`` presents the node's credential (``nodes.credentials``), so each
-function takes the node's id beside its address. Tests patch this one seam. The control loop uses the blocking ``probe``; the proxy and the
+function takes the node's id beside its address, and with it a fresh challenge; every answer's
+proof is checked by the clients' response hook (``check_proof``): an answer that does not prove
+the node raises ``NodeNotProven``, a transport error, so a request fails over before its first
+byte as from a node that cannot be reached. Tests patch this one seam. The control loop uses the blocking ``probe``; the proxy and the
 websocket consumer use ``chat_open`` / ``chat_close`` on a shared ``httpx.AsyncClient`` per
 event loop (building a client costs milliseconds, too much per request).
 """
@@ -17,7 +20,13 @@ from urllib.parse import quote
 
 import httpx
 
-from nodes.credentials import array_id, node_auth_headers
+from nodes.credentials import (
+    CHALLENGE_HEADER,
+    PROOF_HEADER,
+    array_id,
+    node_auth_headers,
+    proof_problem,
+)
 from nodes.metrics import load_from_metrics, parse_prometheus
 
 _sync_client: httpx.Client | None = None
@@ -27,6 +36,10 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.Async
 )
 PROBE_HEADER = "X-Phalanx-Probe"  # the control plane's own checks: not counted as traffic
 _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+REFUSED_CREDENTIAL = (
+    "the node refused this control plane's credential (401): its credential was revoked, or "
+    "it was given another (docs/node-protocol.md)"
+)
 
 
 @dataclass(frozen=True)
@@ -46,11 +59,37 @@ class ProbeResult:
     device: dict[str, Any] | None = field(default=None)  # /health's "device" block, if any
 
 
+class NodeNotProven(httpx.RemoteProtocolError):
+    """The answer did not prove it came from the node called (no or a wrong
+    ``X-Phalanx-Proof``): another server at its address, or a node whose credential was
+    revoked. A transport error: callers treat it as a node that cannot be reached."""
+
+
+def check_proof(response: httpx.Response) -> None:
+    """Raise ``NodeNotProven`` when ``response`` owes a proof of its node and lacks a right one
+    (``nodes.credentials.proof_problem``); the clients' response hook."""
+    request = response.request
+    problem = proof_problem(
+        request.headers.get("authorization"),
+        request.headers.get(CHALLENGE_HEADER),
+        response.status_code,
+        response.headers.get(PROOF_HEADER),
+    )
+    if problem:
+        raise NodeNotProven(problem, request=request)
+
+
+async def _acheck_proof(response: httpx.Response) -> None:
+    check_proof(response)
+
+
 def sync_client() -> httpx.Client:
     global _sync_client
     with _sync_lock:
         if _sync_client is None:
-            _sync_client = httpx.Client(limits=_LIMITS, trust_env=False)
+            _sync_client = httpx.Client(
+                limits=_LIMITS, trust_env=False, event_hooks={"response": [check_proof]}
+            )
         return _sync_client
 
 
@@ -74,13 +113,13 @@ def probe(address: str, *, node_id: str, timeout: float) -> ProbeResult:
         metrics = sync_client().get(
             f"{base}/metrics", headers=node_auth_headers(node_id), timeout=timeout
         )
-        load = (
-            load_from_metrics(parse_prometheus(metrics.text))
-            if metrics.status_code == 200
-            else None
-        )
+    except NodeNotProven as exc:
+        return ProbeResult(False, "error", str(exc)[:255])
     except httpx.TransportError:
-        load = None
+        return ProbeResult(True, "ok", "", None, _device_block(response))
+    if metrics.status_code == 401:
+        return ProbeResult(False, "error", REFUSED_CREDENTIAL)
+    load = load_from_metrics(parse_prometheus(metrics.text)) if metrics.status_code == 200 else None
     return ProbeResult(True, "ok", "", load, _device_block(response))
 
 
@@ -136,7 +175,9 @@ def async_client() -> httpx.AsyncClient:
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None or client.is_closed:
-        client = httpx.AsyncClient(limits=_LIMITS, trust_env=False)
+        client = httpx.AsyncClient(
+            limits=_LIMITS, trust_env=False, event_hooks={"response": [_acheck_proof]}
+        )
         _async_clients[loop] = client
     return client
 
@@ -208,6 +249,8 @@ def canary(address: str, *, node_id: str, model: str | None, timeout: float) -> 
         )
     except httpx.TimeoutException:
         return ProbeResult(False, "timeout", f"canary: no completion in {timeout:g} s")
+    except NodeNotProven as exc:
+        return ProbeResult(False, "error", f"canary: {exc}"[:255])
     except httpx.TransportError as exc:
         return ProbeResult(False, "unreachable", f"canary: {type(exc).__name__}")
     if response.status_code == 503:
@@ -384,6 +427,7 @@ def node_http(address: str, *, node_id: str, timeout: float) -> httpx.Client:
         headers={**node_auth_headers(node_id), PROBE_HEADER: "1"},
         timeout=timeout,
         trust_env=False,
+        event_hooks={"response": [check_proof]},
     )
 
 

@@ -145,6 +145,14 @@ class Node(models.Model):
     restart_undrain = models.BooleanField(
         default=False, help_text="The restart drained it: undrain once its agent is back."
     )
+    credential_epoch = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="Which credential the node holds (nodes.credentials): blank, the one "
+        "derived from its id alone; else the one it received when it joined. Revoking its "
+        "credential sets a new epoch.",
+    )
     consecutive_failures = models.PositiveIntegerField(default=0)
     consecutive_successes = models.PositiveIntegerField(default=0)
     last_canary_at = models.DateTimeField(null=True, blank=True)
@@ -209,6 +217,8 @@ class NodeEvent(models.Model):
         RESTARTED = "restarted", "Restarted"
         SWITCHED = "switched", "Switched package"
         VALIDATION = "validation", "Validation"
+        JOINED = "joined", "Joined with a join token"
+        REVOKED = "revoked", "Credential revoked"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -221,6 +231,34 @@ class NodeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.node_id}: {self.get_kind_display()}"
+
+
+class NodeJoinToken(models.Model):
+    """A one-time token a remote node agent joins the array with (``runnode --join``,
+    ``nodes.joining``). Only its SHA-256 is kept; its plaintext is shown once, when it is
+    minted. It is refused once ``used_at`` is set or after ``expires_at``."""
+
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(
+        max_length=16, help_text="The first characters, to tell tokens apart."
+    )
+    note = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="join_tokens"
+    )
+    joined_node_id = models.CharField(
+        max_length=64, blank=True, default="", help_text="The node it made (kept after removal)."
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"join token {self.prefix}…"
 
 
 def _new_token() -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodes.agent.asgi_io import ClientGone, Receive, Send, header
+from nodes.agent.auth import proving
 from nodes.agent.chat_endpoint import ChatEndpoint
 from nodes.agent.package_endpoint import PackageEndpoint
 from nodes.agent.session_endpoints import SessionEndpoints
@@ -62,19 +63,21 @@ class NodeApp(StatusEndpoints, ChatEndpoint, PackageEndpoint, ValidationEndpoint
 
     async def _route(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
+        grant = self.credentials.grant(header(scope, "authorization"))
+        send = proving(send, grant, header(scope, "x-phalanx-challenge"))
         for route in ROUTES:
             match = route.pattern.match(path)
             if match is None:
                 continue
             public = route.public and method in route.methods
-            if not public and not self.credentials.accepts(header(scope, "authorization")):
+            if not public and grant is None:
                 return await self._unauthorized(send)
             if route.methods and method not in route.methods:
                 allowed = ", ".join(route.methods)
                 return await self._error(send, 405, f"use {allowed}", code="method_not_allowed")
             handler = getattr(self, route.handler)
             return await handler(scope, receive, send, **match.groupdict())
-        if not self.credentials.accepts(header(scope, "authorization")):
+        if grant is None:
             return await self._unauthorized(send)  # not even the URL table to strangers
         return await self._error(send, 404, f"no such endpoint: {method} {path}", code="not_found")
 

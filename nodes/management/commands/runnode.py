@@ -1,9 +1,14 @@
-"""``manage.py runnode``: one node agent serving one model package over HTTP (daphne)."""
+"""``manage.py runnode``: one node agent serving one model package over HTTP (daphne).
+
+With ``--join <control plane URL> --join-token <token>`` a node on another host registers
+itself first and keeps the credential it receives in its credential file (docs/node-protocol.md,
+"Joining from another host")."""
 
 from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import psutil
 from django.core.management.base import BaseCommand, CommandError
@@ -13,6 +18,15 @@ from inference.engine.scheduler import Engine
 from nodes.agent.app import NodeApp
 from nodes.agent.auth import CredentialCheck, NoCredential
 from nodes.agent.factory import chat_service_for
+from nodes.agent.joining import (
+    ENV_JOIN_TOKEN,
+    JoinFailed,
+    array_in_file,
+    credential_in_file,
+    join_array,
+    still_registered,
+    write_credential_file,
+)
 from nodes.agent.node_state import NodeIdentity
 from nodes.agent.validation import DeviceValidation
 from nodes.devices.host import host_from_environment
@@ -64,6 +78,58 @@ ENGINE_CHOICES = [
         "says it pays",
     ),
 ]
+
+
+def _advertised(o: dict) -> str:
+    """The address the control plane should reach this node at: ``--advertise``, else
+    ``--listen`` unless that is a wildcard (``CommandError`` then)."""
+    address = o["advertise"] or o["listen"]
+    host = address.rpartition(":")[0]
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        raise CommandError(
+            f"--advertise host:port is needed: --listen {o['listen']} is not an address the "
+            "control plane can reach"
+        )
+    return address
+
+
+def join_if_asked(o: dict, say) -> None:
+    """``--join``: register with the control plane using the join token and write what it
+    gives to the credential file (default ``$PHALANX_HOME/node-<id>.credential``), unless the
+    file holds a credential already (a restart: checked still valid). Sets ``o``'s
+    ``credential_file`` and ``array_id``. Raises ``CommandError`` (refused, revoked)."""
+    if not o["join"]:
+        return
+    from django.conf import settings
+
+    path = Path(o["credential_file"] or Path(settings.VAR_DIR) / f"node-{o['id']}.credential")
+    o["credential_file"] = str(path)
+    held = credential_in_file(path)
+    if held:
+        refused = still_registered(o["join"], node_id=o["id"], credential=held)
+        if refused:
+            raise CommandError(
+                f"the control plane refuses this node's credential ({refused}): it was "
+                f"revoked. Remove {path}, mint a new join token and join again"
+            )
+        say(f"node {o['id']}: already joined, credential in {path}")
+    else:
+        token = o["join_token"] or os.environ.get(ENV_JOIN_TOKEN, "")
+        if not token:
+            raise CommandError(f"--join needs --join-token (or ${ENV_JOIN_TOKEN})")
+        try:
+            joined = join_array(
+                o["join"],
+                token=token,
+                node_id=o["id"],
+                address=_advertised(o),
+                package=o["package"],
+            )
+        except JoinFailed as exc:
+            raise CommandError(str(exc)) from exc
+        write_credential_file(path, joined)
+        say(f"node {o['id']}: joined {o['join']}, credential in {path}")
+    o["array_id"] = o["array_id"] or array_in_file(path)
 
 
 def engine_config(o: dict) -> EngineConfig:
@@ -136,6 +202,22 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)"
         )
+        parser.add_argument(
+            "--join",
+            default=None,
+            metavar="URL",
+            help="join the array whose control plane is at URL (http://host:port) with "
+            "--join-token, then serve; the credential received goes to --credential-file",
+        )
+        parser.add_argument(
+            "--join-token", default=None, help="a one-time join token (or $PHALANX_JOIN_TOKEN)"
+        )
+        parser.add_argument(
+            "--advertise",
+            default=None,
+            metavar="HOST:PORT",
+            help="the address the control plane reaches this node at (default: --listen)",
+        )
 
     def handle(self, *args, **o) -> None:
         from daphne.endpoints import build_endpoint_description_strings
@@ -146,6 +228,7 @@ class Command(BaseCommand):
             raise CommandError(f"--listen must be host:port, got {o['listen']!r}")
         if not os.path.exists(o["model"]):
             raise CommandError(f"model file not found: {o['model']}")
+        join_if_asked(o, lambda line: self.stdout.write(line, ending="\n"))
         try:
             credentials = CredentialCheck.from_environment(o["credential_file"])
         except NoCredential as exc:
