@@ -128,12 +128,14 @@ def start_node(
     return proc
 
 
-def start_control_plane(port: int, log_dir: Path, env: dict[str, str] | None = None) -> Proc:
-    """Start the control plane (``manage.py serve``, daphne) on 127.0.0.1:``port``;
+def start_control_plane(
+    port: int, log_dir: Path, env: dict[str, str] | None = None, *, host: str = "127.0.0.1"
+) -> Proc:
+    """Start the control plane (``manage.py serve``, daphne) on ``host``:``port``;
     returns at once (callers wait for what they need: ``/health``, ``/v1/models``...)."""
-    args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    args = [sys.executable, "manage.py", "serve", "--host", host, "--port", str(port)]
     proc = spawn(args, log_dir / "daphne.log", env=env)
-    proc.url = f"http://127.0.0.1:{port}"
+    proc.url = f"http://{host}:{port}"
     return proc
 
 
