@@ -66,6 +66,15 @@ class TokenForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices, initial=Role.VIEWER)
 
 
+class JoinTokenForm(forms.Form):
+    """Mint a one-time join token for a node on another host (``nodes.joining``)."""
+
+    ttl_minutes = forms.IntegerField(
+        min_value=1, max_value=7 * 24 * 60, initial=60, label="Valid for (minutes)"
+    )
+    note = forms.CharField(max_length=200, required=False, label="Note (the host it is for)")
+
+
 class PackageForm(forms.Form):
     """Register a GGUF file on this host now, in the request (``console.services``)."""
 

@@ -7,6 +7,7 @@ from django.urls import path, re_path
 
 from console import (
     config_pages,
+    join_pages,
     loadtest_pages,
     node_pages,
     package_pages,
@@ -36,6 +37,8 @@ urlpatterns = [
     path("nodes/<slug:node_id>/drain/", node_pages.node_drain, name="node_drain"),
     path("nodes/<slug:node_id>/undrain/", node_pages.node_undrain, name="node_undrain"),
     path("nodes/<slug:node_id>/restart/", node_pages.node_restart, name="node_restart"),
+    path("nodes/<slug:node_id>/revoke/", join_pages.node_revoke, name="node_revoke"),
+    path("join-tokens/", join_pages.join_tokens, name="join_tokens"),
     path("packages/", package_pages.packages, name="packages"),
     path("packages/<int:package_id>/", package_pages.package, name="package"),
     path(

@@ -189,15 +189,6 @@ class NodeSelfOut(Schema):
     state: str
 
 
-def join_command(base_url: str, token: str) -> str:
-    """The ``runnode --join`` command line an operator runs on the node's host."""
-    return (
-        f"python manage.py runnode --join {base_url} --join-token {token} --id NODE_ID "
-        "--listen 0.0.0.0:9401 --advertise THIS_HOST:9401 --model MODEL.gguf "
-        "--credential-file var/node.credential"
-    )
-
-
 def _token_out(row, **extra) -> dict:
     state = "used" if row.used_at else "expired" if row.expires_at <= now() else "unused"
     fields = ("prefix", "note", "created_by", "created_at", "expires_at", "used_at")
@@ -218,7 +209,7 @@ def _token_out(row, **extra) -> dict:
 def nodes_join_token_mint(request: HttpRequest, payload: JoinTokenIn) -> tuple[int, dict]:
     row, raw = services.join_token_mint(ttl_s=payload.ttl_s, note=payload.note)
     base = request.build_absolute_uri("/").rstrip("/")
-    return 201, _token_out(row, token=raw, command=join_command(base, raw))
+    return 201, _token_out(row, token=raw, command=joining.join_command(base, raw))
 
 
 @router.get(

@@ -196,6 +196,16 @@ def node_presents_own_credential(*, node_id: str, authorization: str | None) -> 
     return node if hmac.compare_digest(expected.encode(), presented.strip().encode()) else None
 
 
+def join_command(base_url: str, token: str) -> str:
+    """The ``runnode --join`` command line an operator runs on the new node's host, with the
+    parts only they know in capitals (``NODE_ID``, ``THIS_HOST``, ``MODEL.gguf``)."""
+    return (
+        f"python manage.py runnode --join {base_url} --join-token {token} --id NODE_ID "
+        "--listen 0.0.0.0:9401 --advertise THIS_HOST:9401 --model MODEL.gguf "
+        "--credential-file var/node.credential"
+    )
+
+
 def join_tokens_recent(limit: int = 20) -> list[NodeJoinToken]:
     """The last ``limit`` join tokens, newest first (no plaintext: it is never kept)."""
     return list(NodeJoinToken.objects.select_related("node")[:limit])

@@ -166,3 +166,32 @@ def test_it_writes_the_credential_file_for_its_owner_only(tmp_path) -> None:
     check = CredentialCheck(file=path)
     grant = check.grant("Bearer phx2.abc")
     assert grant is not None and grant.proof_key == "f00d"
+
+
+# --- the console pages ------------------------------------------------------------------------
+
+
+def test_the_page_mints_a_join_token_shown_once_with_its_command_line(login) -> None:
+    admin = login("admin")
+    assert 'href="/join-tokens/"' in admin.get("/nodes/").content.decode()
+    page = admin.post("/join-tokens/", {"ttl_minutes": 30, "note": "rack 7"}).content.decode()
+    row = NodeJoinToken.objects.get()
+    assert row.note == "rack 7" and row.created_by == "admin"
+    token = page.split('id="join-token">', 1)[1].split("<", 1)[0]
+    assert token.startswith("phxj_") and row.token_hash not in page
+    assert f"runnode --join http://testserver --join-token {token}" in page
+    again = admin.get("/join-tokens/").content.decode()
+    assert token not in again and row.prefix in again  # shown once only
+    assert login("operator").get("/join-tokens/").status_code == 403
+
+
+def test_the_node_page_revokes_its_credential(login, api) -> None:
+    join(mint(api)["token"])
+    admin = login("admin")
+    assert 'id="revoke-button"' in admin.get("/nodes/remote-1/").content.decode()
+    before = Node.objects.get(node_id="remote-1").credential_epoch
+    assert login("operator").post("/nodes/remote-1/revoke/").status_code == 403
+    response = admin.post("/nodes/remote-1/revoke/", follow=True)
+    node = Node.objects.get(node_id="remote-1")
+    assert node.credential_epoch != before and node.state == Node.State.DOWN
+    assert "refused until it joins again" in response.content.decode()
