@@ -5,6 +5,7 @@ holds. The control plane's side is ``nodes.joining``; docs/node-protocol.md."""
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,15 +39,18 @@ def join_array(
     address: str,
     package: str | None = None,
     timeout: float = 30.0,
+    verify: ssl.SSLContext | bool = True,
 ) -> Joined:
-    """``POST <control_plane>/api/nodes/join``; returns what the node received. Raises
-    ``JoinFailed`` (refused: the control plane's message and status; or unreachable)."""
+    """``POST <control_plane>/api/nodes/join``; returns what the node received. ``verify``: an
+    SSL context trusting the CA of an ``https://`` control plane whose certificate the system's CAs do
+    not sign. Raises ``JoinFailed`` (refused: the control plane's message and status; or
+    unreachable, a certificate refused)."""
     body: dict[str, Any] = {"join_token": token, "node_id": node_id, "address": address}
     if package:
         body["package"] = package
     url = control_plane.rstrip("/") + "/api/nodes/join"
     try:
-        response = httpx.post(url, json=body, timeout=timeout, trust_env=False)
+        response = httpx.post(url, json=body, timeout=timeout, trust_env=False, verify=verify)
     except httpx.HTTPError as exc:
         raise JoinFailed(f"could not reach the control plane at {url}: {exc}") from exc
     if response.status_code != 201:
@@ -55,7 +59,9 @@ def join_array(
     return Joined(data["credential"], data["proof_key"], data.get("array_id", ""))
 
 
-def still_registered(control_plane: str, *, node_id: str, credential: str) -> str:
+def still_registered(
+    control_plane: str, *, node_id: str, credential: str, verify: ssl.SSLContext | bool = True
+) -> str:
     """Ask the control plane whether ``credential`` is still ``node_id``'s: "" when it is,
     else why not (revoked: the control plane answered 401). Unreachable counts as yes (the
     node serves; the control plane checks it on every call anyway)."""
@@ -67,6 +73,7 @@ def still_registered(control_plane: str, *, node_id: str, credential: str) -> st
             headers={"Authorization": f"Bearer {credential}"},
             timeout=10.0,
             trust_env=False,
+            verify=verify,
         )
     except httpx.HTTPError:
         return ""

@@ -3,6 +3,10 @@
 ``--fd N`` serves on an inherited listening socket instead (``manage.py up --replicas``: the
 kernel hands each new connection to one of the replicas accepting on it).
 
+``--endpoint`` takes a daphne (Twisted) endpoint description instead of ``--host``/``--port``:
+``ssl:8443:interface=198.18.0.10:privateKey=key.pem:certKey=cert.pem`` serves TLS itself
+(docs/node-protocol.md, "TLS").
+
 The same server ``daphne console.asgi:application`` starts, with the websocket settings daphne's
 command line cannot set: messages over ``settings.WEBSOCKET_MAX_MESSAGE_BYTES`` close the
 connection with 1009 ("message too big") and a reason, instead of daphne's default of dropping
@@ -29,6 +33,12 @@ class Command(ArrayCommand):
             help="serve on this inherited listening socket instead of binding one (manage.py up "
             "--replicas: every replica accepts from one port)",
         )
+        parser.add_argument(
+            "--endpoint",
+            default=None,
+            help="a daphne endpoint description instead of --host/--port, e.g. "
+            "ssl:8443:interface=198.18.0.10:privateKey=key.pem:certKey=cert.pem (TLS)",
+        )
 
     def handle(self, *args, **options) -> None:
         from daphne.endpoints import build_endpoint_description_strings
@@ -39,7 +49,9 @@ class Command(ArrayCommand):
 
         server = Server(
             application=application,
-            endpoints=build_endpoint_description_strings(
+            endpoints=[options["endpoint"]]
+            if options["endpoint"]
+            else build_endpoint_description_strings(
                 host=None if options["fd"] is not None else options["host"],
                 port=None if options["fd"] is not None else options["port"],
                 file_descriptor=options["fd"],
@@ -54,6 +66,7 @@ class Command(ArrayCommand):
             server.ws_factory.setProtocolOptions(failByDrop=False)
 
         reactor.callWhenRunning(close_oversized_with_1009)
-        self.stdout.write(f"control plane on http://{options['host']}:{options['port']}/")
+        where = options["endpoint"] or f"http://{options['host']}:{options['port']}/"
+        self.stdout.write(f"control plane on {where}")
         self.stdout.flush()
         server.run()

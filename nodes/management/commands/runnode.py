@@ -7,6 +7,7 @@ itself first and keeps the credential it receives in its credential file (docs/n
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 from pathlib import Path
 
@@ -103,10 +104,11 @@ def join_if_asked(o: dict, say) -> None:
     from django.conf import settings
 
     path = Path(o["credential_file"] or Path(settings.VAR_DIR) / f"node-{o['id']}.credential")
+    verify = ssl.create_default_context(cafile=o["join_ca"]) if o["join_ca"] else True
     o["credential_file"] = str(path)
     held = credential_in_file(path)
     if held:
-        refused = still_registered(o["join"], node_id=o["id"], credential=held)
+        refused = still_registered(o["join"], node_id=o["id"], credential=held, verify=verify)
         if refused:
             raise CommandError(
                 f"the control plane refuses this node's credential ({refused}): it was "
@@ -124,6 +126,7 @@ def join_if_asked(o: dict, say) -> None:
                 node_id=o["id"],
                 address=_advertised(o),
                 package=o["package"],
+                verify=verify,
             )
         except JoinFailed as exc:
             raise CommandError(str(exc)) from exc
@@ -211,6 +214,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--join-token", default=None, help="a one-time join token (or $PHALANX_JOIN_TOKEN)"
+        )
+        parser.add_argument(
+            "--join-ca",
+            default=None,
+            metavar="PEM",
+            help="CA certificate(s) to trust for an https:// --join URL (default: the system's)",
         )
         parser.add_argument(
             "--advertise",
