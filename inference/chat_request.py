@@ -95,6 +95,7 @@ class ChatRequest:
     stop: tuple[str, ...]
     response_format: dict[str, Any] | None
     tool_mode: ToolMode | None
+    continue_final: bool = False  # the last (assistant) message is continued, not answered
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -113,6 +114,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise BadRequest(
             "'tools' and a JSON 'response_format' cannot be combined.", param="response_format"
         )
+    continue_final = _continue_final(body, tool_mode, response_format)
     return ChatRequest(
         model=body["model"],
         messages=body["messages"],
@@ -129,7 +131,39 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=_stop(body),
         response_format=response_format,
         tool_mode=tool_mode,
+        continue_final=continue_final,
     )
+
+
+def _continue_final(
+    body: dict[str, Any], tool_mode: ToolMode | None, response_format: dict[str, Any] | None
+) -> bool:
+    """``continue_final_message`` (vLLM's name): the answer continues the last message, an
+    assistant's text, instead of starting a new one (the proxy's request migration sends it;
+    docs/control-plane.md). The continuation is free text, so a JSON ``response_format`` or a
+    forced tool call, whose grammar starts at the answer's first token, cannot be continued."""
+    value = body.get("continue_final_message")
+    if value is None or value is False:
+        return False
+    if value is not True:
+        raise BadRequest(
+            "continue_final_message must be a boolean.", param="continue_final_message"
+        )
+    last = body["messages"][-1]
+    if last["role"] != "assistant" or last.get("tool_calls") or last.get("function_call"):
+        raise BadRequest(
+            "continue_final_message needs an assistant message with text (no tool calls) last.",
+            param="messages",
+        )
+    if (response_format and response_format["type"] != "text") or (
+        tool_mode and tool_mode.forces_call
+    ):
+        raise BadRequest(
+            "continue_final_message cannot continue an answer held to a grammar (a JSON "
+            "response_format or a required tool call).",
+            param="continue_final_message",
+        )
+    return True
 
 
 def _check_served(body: dict[str, Any]) -> None:

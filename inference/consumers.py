@@ -29,7 +29,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from inference import lookups, proxy, selectors, services, tokens
 from inference.chat_request import decode_json
 from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, ProxyError
-from inference.relay import Upstream, sse_events
+from inference.migration import sse_events
+from inference.relay import Upstream
 from inference.request_checks import WsTurn, check_chat_body, check_session_id, parse_ws_message
 
 CLOSE_UNAUTHORIZED = 4401
@@ -208,9 +209,11 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 answer.add_tool_call_piece(piece)
             if choice.get("finish_reason"):
                 done["finish_reason"] = choice["finish_reason"]
-        for key in ("usage", "timings"):
+        for key in ("usage", "timings", "migrated"):
             if event.get(key):
                 done[key] = event[key]
+        if event.get("migrated"):  # the answer went on on another node (inference.migration)
+            done["node"] = event["migrated"]["to"]
 
     async def relay(self, upstream: Upstream) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Send deltas and tool calls; returns the assistant message for the transcript and

@@ -12,11 +12,15 @@ from inference.models import RouteDecision, SessionRoute
 PROXY_RETRIES = "phalanx_proxy_retries_total"
 PROXY_NODE_REQUEST_ERRORS = "phalanx_proxy_node_request_errors_total"
 PROXY_BROKEN_ANSWERS = "phalanx_proxy_broken_answers_total"
+PROXY_MIGRATIONS = "phalanx_proxy_migrations_total"
+PROXY_MIGRATIONS_FAILED = "phalanx_proxy_migrations_failed_total"
 # the proxy's counters with no table behind them (``console.lib.metrics.metric_inc``)
 COUNTERS = {
     PROXY_RETRIES: "Chat requests retried on another node before the first byte.",
     PROXY_NODE_REQUEST_ERRORS: "Requests to a node that failed (connection, timeout, HTTP error).",
     PROXY_BROKEN_ANSWERS: "Node answers the proxy cut off as malformed (a poisoned body).",
+    PROXY_MIGRATIONS: "Streamed answers cut by their node that went on on another node.",
+    PROXY_MIGRATIONS_FAILED: "Cut answers no other node continued in time (an error event).",
 }
 
 

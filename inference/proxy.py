@@ -110,14 +110,18 @@ async def _route(
     exclude: dict[str, str],
     new_turn: bool,
     policy: RoutingPolicy,
+    continuing: bool = False,
 ) -> tuple[services.RouteTarget, Any]:
-    """Decide the node for one attempt and hold its record in ``route_writer``'s ledger;
+    """Decide the node for one attempt (``continuing``: an answer cut on another node goes on,
+    so external servers, which cannot continue an assistant message, are kept out) and hold its record in ``route_writer``'s ledger;
     returns the target and the held change (None without a session) for ``commit``. Only the
     reads leave the event loop: the decision and the hold run with no await between them, so
     concurrent decisions of this process see each other, and nobody waits for a write."""
     row, row_read_at, table, rollout = await _read_routing(session_id, model=model, policy=policy)
     if session_id is not None:
         row = route_writer.pin_of(session_id, row, read_at=row_read_at)
+    if continuing:
+        exclude.update({n: CANNOT_CONTINUE for n in table.external if n not in exclude})
     table = table.with_local_counts(
         pinned_delta=route_writer.pinned_delta(read_at=table.pinned_read_at),
         inflight=inflight.per_node(),
@@ -162,6 +166,7 @@ def _claimed(
         return target
 
 
+CANNOT_CONTINUE = "is an external server: it cannot continue a cut answer"
 WINNER_ELSEWHERE = "another control-plane replica placed the session first"
 
 
@@ -272,10 +277,14 @@ async def upstream_open(
     model: str,
     session_id: str | None,
     policy: RoutingPolicy | None = None,
+    avoid: dict[str, str] | None = None,
+    continuing: bool = False,
 ) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for ``model`` (a client-facing name:
     ``lookups.model_for_request``) and open the node's answer, which reports ``model`` and the
-    version that serves it (``Upstream.package``).
+    version that serves it (``Upstream.package``). ``avoid``: nodes kept out, with why (a
+    node that just cut this answer); ``continuing``: the body continues an answer another node
+    cut (``inference.migration``), so only Phalanx nodes may take it.
 
     Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
     most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
@@ -290,9 +299,9 @@ async def upstream_open(
     policy = policy or await lookups.arouting_policy()
     _check_inflight(policy)
     refuse_poison(payload)
-    exclude: dict[str, str] = {}
+    exclude: dict[str, str] = dict(avoid or {})
     broke_last_turn = broken_turns.take(session_id)
-    if broke_last_turn:
+    if broke_last_turn and broke_last_turn not in exclude:
         exclude[broke_last_turn] = BROKE_LAST_TURN
     for attempt in range(policy.max_attempts):
         if attempt:
@@ -306,6 +315,7 @@ async def upstream_open(
             exclude=exclude,
             new_turn=attempt == 0,
             policy=policy,
+            continuing=continuing,
         )
         upstream = await _attempt(
             target,
@@ -339,6 +349,7 @@ async def _attempt(
     None after adding the node to ``exclude`` with the reason (the caller tries another).
     Raises ``NoHealthyNode`` (503 ``node_busy``) when the node a session sticks to is busy."""
     recorded, held = await kv_in_place(target, session_id, held)
+    deadline = _deadline(target, payload, policy)
     inflight.acquire(target.node_id)
     try:
         response, rest, first = await _watched(
@@ -352,7 +363,7 @@ async def _attempt(
                 answer_as=(model, target.package) if target.package else None,
             ),
             check_every_s=max(0.2, policy.health_interval_s / 2),
-            deadline=_deadline(target, payload, policy),
+            deadline=deadline,
         )
     except BaseException as exc:
         inflight.release(target.node_id)
@@ -379,6 +390,8 @@ async def _attempt(
         payload,
         session_id,
         target.package,
+        model=model,
+        first_token_deadline_s=deadline.seconds if deadline else None,
     )
 
 

@@ -1,13 +1,13 @@
 """A node's open answer and its relay to the client, checked to the end.
 
 ``Upstream`` is what ``inference.proxy.upstream_open`` returns once a node has sent its first
-body bytes. ``sse_passthrough`` (REST) relays the node's SSE events as they arrive and
-``sse_events`` (websocket) yields them decoded; ``Upstream.read_all`` reads a non-streamed
-answer. Each checks that the answer ended honestly (``inference.sse``): a stream that breaks,
-is cut short, ends without a finish reason or ``[DONE]``, or sends an event that is not JSON
-ends with an in-band error event (and ``[DONE]``), is counted against the node, and makes the
-session's next turn move to another node. Closing the upstream (``Upstream.aclose``), which
-each does on exit or cancellation, drops the connection so the node stops generating.
+body bytes. ``checked_events`` yields a streamed answer's SSE events (``inference.migration``
+relays them, and continues a cut answer on another node); ``Upstream.read_all`` reads a
+non-streamed answer. Each checks that the answer ended honestly (``inference.sse``): a stream
+that breaks, is cut short, ends without a finish reason or ``[DONE]``, or sends an event that
+is not JSON raises ``StreamBroken``; ``Upstream.broke`` counts it against the node and makes
+the session's next turn move to another node. Closing the upstream (``Upstream.aclose``)
+drops the connection so the node stops generating.
 ``refuse_poison`` and ``stop_if_failed_twice`` keep a body that failed on two nodes from being
 carried round the array (``request_breaker``).
 """
@@ -118,6 +118,8 @@ class Upstream:
     payload: dict[str, Any] = field(default_factory=dict)
     session_id: str | None = None
     package: str | None = None  # name:version the node serves (X-Phalanx-Package)
+    model: str = ""  # the client-facing name it was routed for (the family)
+    first_token_deadline_s: float | None = None  # streamed: the request's first-byte deadline
     record_scheduled: bool = False
     released: bool = False
 
@@ -237,7 +239,7 @@ def describe_transport_error(exc: Exception) -> str:
     return type(exc).__name__
 
 
-async def _checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]]:
+async def checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]]:
     """The node's SSE events as ``(raw bytes, payload)``, checked (``StreamCheck``); raises
     ``StreamBroken`` when the answer cannot end as a success, transport errors included. An
     in-band error from the node counts as the request's failure; its missing ``[DONE]`` is
@@ -260,42 +262,3 @@ async def _checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]
             await upstream.request_failed("sent an in-band error event")
         if not check.done:
             yield f"data: {DONE}\n\n".encode(), DONE
-
-
-async def sse_passthrough(upstream: Upstream) -> AsyncIterator[bytes]:
-    """Relay the node's SSE events one by one as they complete (the bytes it sent).
-
-    An answer that breaks or ends dishonestly ends with ``sse_error_event``. When the consumer
-    stops (client disconnect cancels the generator) the upstream is closed, so the node stops
-    generating.
-    """
-    try:
-        async for raw, _ in _checked_events(upstream):
-            yield raw
-    except StreamBroken as exc:
-        await upstream.broke(str(exc), detail=exc.detail)
-        yield sse_error_event(f"{upstream.node_id} {exc}")
-    finally:
-        await upstream.aclose()
-
-
-async def sse_events(upstream: Upstream) -> AsyncIterator[Any]:
-    """Decoded SSE events of a streamed answer (dicts, then ``"[DONE]"``).
-
-    An answer that breaks or ends dishonestly yields ``{"error": {"message": ...}}`` and ends;
-    the upstream is always closed on exit.
-    """
-    try:
-        async for _, payload in _checked_events(upstream):
-            yield payload
-    except StreamBroken as exc:
-        await upstream.broke(str(exc), detail=exc.detail)
-        yield {
-            "error": {
-                "message": f"{upstream.node_id} {exc}",
-                "type": "upstream_error",
-                "code": "upstream_error",
-            }
-        }
-    finally:
-        await upstream.aclose()

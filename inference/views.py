@@ -14,8 +14,8 @@ from django.views.decorators.csrf import csrf_exempt
 from console.lib.bare_http import db_thread
 from inference import lookups, proxy, selectors, tokens
 from inference.errors import MethodNotAllowed, ProxyError
+from inference.migration import sse_passthrough
 from inference.models import RoutingPolicy
-from inference.relay import sse_passthrough
 from inference.request_checks import check_chat_body, parse_json_object, session_key
 
 NODE_HEADER = "X-Phalanx-Node"

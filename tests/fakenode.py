@@ -162,7 +162,7 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
             self._raw_response(_events(node, finish=False, done=False), close=True)
             return
         if body.get("stream"):
-            self._stream()
+            self._stream(_continued_tokens(node.tokens, body))
         else:
             self._json(200, _completion(node, "".join(node.tokens)))
 
@@ -185,14 +185,14 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _stream(self) -> None:
+    def _stream(self, tokens: list[str]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("X-Phalanx-Node", self.node.node_id)
         self.end_headers()
         try:
-            for i, token in enumerate(self.node.tokens):
+            for i, token in enumerate(tokens):
                 if self.node.break_after is not None and i >= self.node.break_after:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
@@ -222,6 +222,19 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.node.disconnects += 1
             self.close_connection = True
+
+
+def _continued_tokens(tokens: list[str], body: dict[str, Any]) -> list[str]:
+    """The tokens a streamed answer sends: all of them, or, for ``continue_final_message``
+    (request migration), those after the answer's start already written (a deterministic
+    model: the same text whichever node writes it)."""
+    if not body.get("continue_final_message"):
+        return tokens
+    written = body["messages"][-1]["content"]
+    for i in range(len(tokens) + 1):
+        if "".join(tokens[:i]) == written:
+            return tokens[i:]
+    return tokens
 
 
 SHAPES = ("ok", "no_finish", "close_delimited", "empty_200", "malformed", "silent", "reset")

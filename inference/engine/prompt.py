@@ -72,9 +72,20 @@ class ChatFormatter:
         protocol = (TOOL_OPEN, TOOL_CLOSE, "<tool_response>", "</tool_response>")
         self.special_texts = tuple(t for t in special_texts if t not in protocol)
 
-    def render(self, messages: list[dict[str, Any]], tool_mode: ToolMode | None = None) -> str:
-        """Prompt text ending with the assistant's turn opener. Raises ``TemplateError``
-        (``NoChatTemplate`` when the model has none)."""
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tool_mode: ToolMode | None = None,
+        *,
+        continue_final: bool = False,
+    ) -> str:
+        """Prompt text ending with the assistant's turn opener; with ``continue_final``, the
+        last message (an assistant's) is not rendered as a closed turn: its text follows the
+        opener, so the model goes on writing it (how llama.cpp's server prefills an assistant
+        answer). Raises ``TemplateError`` (``NoChatTemplate`` when the model has none)."""
+        if continue_final:
+            prefix = _flatten(messages[-1])["content"]
+            return self.render(messages[:-1], tool_mode) + self._defuse(prefix)
         if self._template is None:
             kind = NoChatTemplate if "no chat template" in self.load_error else TemplateError
             raise kind(self.load_error)

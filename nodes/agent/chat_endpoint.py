@@ -113,7 +113,7 @@ class ChatEndpoint(NodeState):
             model=serving.answer_model or serving.identity.package,
             node_id=self.identity.node_id,
             fingerprint=serving.answer_package or serving.identity.package,
-            tools=generation.chat.tool_mode is not None and generation.chat.tool_mode.allows_call,
+            tools=_may_call(generation.chat),
         )
 
     async def _complete(self, generation: Generation, send: Send, serving: Serving) -> None:
@@ -151,6 +151,12 @@ class ChatEndpoint(NodeState):
                 await emit(sse(_failure_body(event)))
                 break
         await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+
+
+def _may_call(chat: Any) -> bool:
+    """Whether the answer may be a tool call (the shaper holds a call back until complete);
+    a continued answer is the text it continues."""
+    return chat.tool_mode is not None and chat.tool_mode.allows_call and not chat.continue_final
 
 
 def _record(outcomes: Outcomes | None, result: Finished | Failed, shaper: CompletionShaper) -> None:

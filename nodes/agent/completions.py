@@ -80,7 +80,9 @@ class ChatService:
         model = self.engine.model
         assert model is not None
         try:
-            text = self.formatter.render(chat.messages, chat.tool_mode)
+            text = self.formatter.render(
+                chat.messages, chat.tool_mode, continue_final=chat.continue_final
+            )
         except NoChatTemplate as exc:
             raise BadRequest(str(exc), param="model", code="no_chat_template") from exc
         except TemplateError as exc:
@@ -125,6 +127,8 @@ class ChatService:
 def _grammar(chat: ChatRequest) -> str | None:
     """The GBNF for the request's tools or response format; ``BadRequest`` when a JSON schema
     in them cannot be turned into a grammar."""
+    if chat.continue_final:  # free text: the tool-call grammar constrains an answer's start
+        return None
     try:
         if chat.tool_mode:
             grammar = tool_grammar(chat.tool_mode)

@@ -194,3 +194,29 @@ def test_it_names_a_bad_tool_choice_function_name() -> None:
 def test_it_decodes_only_json_a_node_can_be_sent(raw, says) -> None:
     with pytest.raises(BadRequest, match=says):
         decode_json(raw)
+
+
+CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+CUT = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "It is"}]
+
+
+def test_continue_final_message_continues_an_assistants_text() -> None:
+    chat = parse_chat_request({"model": "m", "messages": CUT, "continue_final_message": True})
+    assert chat.continue_final
+    assert not parse_chat_request({"model": "m", "messages": CUT}).continue_final
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"continue_final_message": "yes"}, "must be a boolean"),
+        ({"messages": CUT[:1]}, "assistant message with text"),
+        ({"messages": [*CUT[:1], {"role": "assistant", "tool_calls": [CALL]}]}, "no tool calls"),
+        ({"response_format": {"type": "json_object"}}, "grammar"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "grammar"),
+    ],
+)
+def test_continue_final_message_refuses_what_cannot_be_continued(change, names) -> None:
+    body = {"model": "m", "messages": CUT, "continue_final_message": True, **change}
+    error = refused(body)
+    assert names in error.message

@@ -129,15 +129,21 @@ async def test_it_sends_an_error_event_when_no_node_is_up(fakes, token):
     assert events[-1]["retry_after"] >= 1
 
 
-async def test_it_sends_an_error_event_when_the_stream_breaks(fakes, token):
+async def test_it_sends_an_error_event_when_the_stream_and_its_continuation_break(fakes, token):
     for fake in fakes.values():
-        fake.break_after = 2
+        fake.break_after = 1  # one token, then the connection drops
     comm = connect("broken", token)
     await comm.connect(timeout=10)
     events = await turn(comm, {"content": "hi"})
     await comm.disconnect()
-    assert [e["type"] for e in events] == ["delta", "delta", "error"]
+    # the first node's "Hel", the second node's "lo" (it went on), then no third try
+    assert [(e["type"], e.get("content")) for e in events[:2]] == [
+        ("delta", "Hel"),
+        ("delta", "lo"),
+    ]
+    assert [e["type"] for e in events[2:]] == ["error"]
     assert "broke off the stream" in events[-1]["message"]
+    assert "its continuation on node-0" in events[-1]["message"]
     assert (await SessionRoute.objects.aget(session_id="broken")).transcript == []
 
 

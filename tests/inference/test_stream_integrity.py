@@ -43,9 +43,46 @@ async def only_node_01_serves(fakes) -> None:
     await sync_to_async(Node.objects.filter(node_id="node-02").update)(last_seen_load={"load": 0.9})
 
 
+async def no_other_node(fakes) -> None:
+    await sync_to_async(Node.objects.filter(node_id="node-02").update)(state=Node.State.DOWN)
+
+
+def content_of(chunks: list[dict]) -> str:
+    deltas = (c.get("delta") or {} for chunk in chunks for c in chunk.get("choices") or [])
+    return "".join(d.get("content") or "" for d in deltas)
+
+
+RELAYED_BEFORE_THE_CUT = {"no_finish": "Hello!", "close_delimited": "Hello!", "malformed": "Hel"}
+
+
 @pytest.mark.parametrize("shape", TRUNCATIONS)
-async def test_a_dishonest_stream_ends_with_an_error_event_and_counts(fakes, auth, shape):
+async def test_a_dishonest_stream_goes_on_on_the_other_node_as_one_stream(fakes, auth, shape):
     await only_node_01_serves(fakes)
+    fakes["node-01"].shape = shape
+    response = await post(auth, "trunc", stream=True)
+    assert response.status_code == 200 and response["X-Phalanx-Node"] == "node-01"
+    events = data_events(await text_of(response))
+    assert events[-1] == "[DONE]" and all("oops" not in e for e in events)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c for c in chunks if "error" in c] == []
+    assert content_of(chunks) == "Hello!"  # nothing lost, nothing written twice
+    ends = [c for c in chunks if "migrated" in c]
+    assert ends and all(c["migrated"] == {"from": "node-01", "to": "node-02"} for c in ends)
+    continuation = fakes["node-02"].requests[-1]["body"]
+    assert continuation["continue_final_message"] is True
+    assert continuation["messages"][-1] == {
+        "role": "assistant",
+        "content": RELAYED_BEFORE_THE_CUT[shape],
+    }
+    node = await Node.objects.aget(node_id="node-01")
+    assert node.consecutive_failures == 1 and "broke mid-answer" in node.last_probe_error
+
+
+@pytest.mark.parametrize("shape", TRUNCATIONS)
+async def test_a_dishonest_stream_with_no_node_to_go_on_ends_with_an_error_event(
+    fakes, auth, shape
+):
+    await no_other_node(fakes)
     fakes["node-01"].shape = shape
     response = await post(auth, "trunc", stream=True)
     assert response.status_code == 200 and response["X-Phalanx-Node"] == "node-01"
@@ -53,16 +90,17 @@ async def test_a_dishonest_stream_ends_with_an_error_event_and_counts(fakes, aut
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["message"].startswith("node-01 ")
+    assert "no other node could continue it" in error["message"]
     assert all("oops" not in e for e in events)  # a malformed event is never relayed
     node = await Node.objects.aget(node_id="node-01")
     assert node.consecutive_failures == 1 and "broke mid-answer" in node.last_probe_error
 
 
-async def test_the_next_turn_leaves_the_node_that_broke_the_last(fakes, auth):
+async def test_a_cut_answer_moves_its_session_and_the_next_turn_stays(fakes, auth):
     await only_node_01_serves(fakes)
     fakes["node-01"].shape = "no_finish"
     first = await post(auth, "moving", stream=True)
-    assert first["X-Phalanx-Node"] == "node-01" and '"error"' in await text_of(first)
+    assert first["X-Phalanx-Node"] == "node-01" and '"error"' not in await text_of(first)
     fakes["node-01"].shape = "ok"
     second = await post(auth, "moving", stream=True)
     assert second["X-Phalanx-Node"] == "node-02"
@@ -70,7 +108,7 @@ async def test_the_next_turn_leaves_the_node_that_broke_the_last(fakes, auth):
     route = await SessionRoute.objects.select_related("node").aget(session_id="moving")
     assert route.node.node_id == "node-02"
     reasons = [d.reason async for d in RouteDecision.objects.filter(route=route)]
-    assert "moved to node-02: node-01 broke the session's last turn" in reasons
+    assert "moved to node-02: node-01 cut this answer" in reasons
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -86,19 +124,38 @@ async def test_an_empty_200_is_a_502(fakes, auth, stream):
     assert (await Node.objects.aget(node_id="node-01")).consecutive_failures == 1
 
 
-@pytest.mark.parametrize("shape", ["no_finish", "malformed"])
-async def test_a_broken_websocket_turn_is_an_error_and_stays_out_of_the_transcript(
-    fakes, token, shape
-):
-    await only_node_01_serves(fakes)
-    fakes["node-01"].shape = shape
-    comm = WebsocketCommunicator(application, f"/ws/sessions/ws-trunc/?token={token}")
+async def ws_turn(token: str, session: str) -> list[dict]:
+    comm = WebsocketCommunicator(application, f"/ws/sessions/{session}/?token={token}")
     assert (await comm.connect(timeout=10))[0]
     await comm.send_json_to({"type": "user", "content": "hi"})
     events = []
     while not events or events[-1]["type"] not in ("done", "error"):
         events.append(await comm.receive_json_from(timeout=10))
     await comm.disconnect()
+    return events
+
+
+@pytest.mark.parametrize("shape", ["no_finish", "malformed"])
+async def test_a_cut_websocket_turn_goes_on_and_its_whole_answer_is_kept(fakes, token, shape):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = shape
+    events = await ws_turn(token, "ws-trunc")
+    assert "".join(e["content"] for e in events if e["type"] == "delta") == "Hello!"
+    done = events[-1]
+    assert done["type"] == "done" and done["content"] == "Hello!"
+    assert done["migrated"] == {"from": "node-01", "to": "node-02"}
+    assert done["node"] == "node-02"
+    route = await SessionRoute.objects.aget(session_id="ws-trunc")
+    assert route.transcript[-1] == {"role": "assistant", "content": "Hello!"}
+
+
+@pytest.mark.parametrize("shape", ["no_finish", "malformed"])
+async def test_a_broken_websocket_turn_is_an_error_and_stays_out_of_the_transcript(
+    fakes, token, shape
+):
+    await no_other_node(fakes)
+    fakes["node-01"].shape = shape
+    events = await ws_turn(token, "ws-trunc")
     assert events[-1]["type"] == "error" and events[-1]["message"].startswith("node-01 ")
     assert all("oops" not in e.get("content", "") for e in events)
     route = await SessionRoute.objects.aget(session_id="ws-trunc")

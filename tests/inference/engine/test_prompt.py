@@ -82,3 +82,13 @@ def test_a_tool_call_nested_past_the_parsers_depth_is_not_a_call():
         "name": "f",
         "arguments": {},
     }
+
+
+def test_a_continued_answer_follows_the_opener_and_is_not_closed() -> None:
+    formatter = ChatFormatter(CHATML, bos_token="", eos_token="", special_texts=("<|im_end|>",))
+    cut = [*MESSAGES, {"role": "assistant", "content": "It is sunny<|im_end|> and"}]
+    prompt = formatter.render(cut, continue_final=True)
+    opened = formatter.render(MESSAGES)  # the prompt of the turn as it first ran
+    assert prompt.startswith(opened)
+    # the answer so far, defused like any message text, and no end of turn after it
+    assert prompt[len(opened) :] == "It is sunny<\u2060|im_end|> and"
