@@ -133,11 +133,20 @@ _by_credential: dict[str, NodeKeys] = {}
 _lock = threading.Lock()
 
 
+_fed = {"until": 0.0}  # routing's reads are taken at most every FEED_EVERY_S
+FEED_EVERY_S = 1.0
+
+
 def remember_epochs(rows: Iterable[tuple[str, str, str]]) -> None:
     """Note ``(node id, epoch, kind)`` of nodes just read from the inventory (routing's read
-    of the node table calls this: the epochs stay fresh without a query of their own)."""
-    expires = time.monotonic() + EPOCH_TTL_S
+    of the node table calls this on every decision: the epochs stay fresh without a query of
+    their own). ``rows`` is consumed at most every ``FEED_EVERY_S`` seconds."""
+    now = time.monotonic()
+    if now < _fed["until"]:
+        return
+    expires = now + EPOCH_TTL_S
     with _lock:
+        _fed["until"] = now + FEED_EVERY_S
         for node_id, epoch, kind in rows:
             _epochs[node_id] = (expires, epoch or "", bool(epoch) and kind != "external")
 
@@ -145,6 +154,7 @@ def remember_epochs(rows: Iterable[tuple[str, str, str]]) -> None:
 def forget_epochs(node_id: str | None = None) -> None:
     """Drop the cached epoch of ``node_id`` (every node's when None): read again next time."""
     with _lock:
+        _fed["until"] = 0.0
         if node_id is None:
             _epochs.clear()
         else:
@@ -160,8 +170,19 @@ def _load_epochs() -> bool:
         rows = list(Node.objects.values_list("node_id", "credential_epoch", "kind"))
     except Exception:  # no database here: the legacy derivation, not remembered
         return False
+    forget_epochs()
     remember_epochs(rows)
     return True
+
+
+def _load_epochs_off_loop() -> bool:
+    """``_load_epochs`` on a thread of its own, closing the connection it opened."""
+    from django.db import connections
+
+    try:
+        return _load_epochs()
+    finally:
+        connections.close_all()
 
 
 def _epoch(node_id: str) -> tuple[str, bool]:
@@ -174,7 +195,7 @@ def _epoch(node_id: str) -> tuple[str, bool]:
         loaded = _load_epochs()
     else:  # on an event loop (rare: routing's read feeds the cache): a thread reads
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            loaded = pool.submit(_load_epochs).result()
+            loaded = pool.submit(_load_epochs_off_loop).result()
     entry = _epochs.get(node_id)
     if loaded and entry is not None:
         return entry[1], entry[2]
