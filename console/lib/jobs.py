@@ -8,8 +8,11 @@ A job is a row with ``state``, ``attempts``, ``pid``, ``started_at`` and ``heart
 ``queued`` to ``running`` in one conditional UPDATE (``claim``), which adds one to
 ``attempts``: that number is the attempt's ``Lease``, and every write of the attempt goes
 through ``Lease.rows()``, so an attempt the control loop gave up on (and queued again, or
-ended) cannot write over the next attempt or over the end. A running attempt beats
-(``heartbeat_at``); the control loop judges a process it started by the process
+ended) cannot write over the next attempt or over the end. A job process takes up the
+attempt it was started for (``adopt``; ``ProcessRunner`` puts it on the command line), never
+the one the row holds when the process gets there: one that starts late, after its attempt
+was given up and the job claimed again (by another replica's control loop), does nothing. A
+running attempt beats (``heartbeat_at``); the control loop judges a process it started by the process
 (``ProcessRunner.alive``) and any other by the beat. Django's Tasks framework (the
 ``django-tasks`` backport on Django 5.2) was weighed first and not used: its database backend
 leaves a task whose worker died in RUNNING for ever and has no cancel or progress
@@ -144,6 +147,27 @@ def _renew(
         connection.close()  # this thread's own
 
 
+def adopt(
+    model: type[models.Model], job_id: int, *, attempt: int | None, **also: Any
+) -> Lease | None:
+    """Take up attempt ``attempt`` of job ``job_id`` in this process (the one a job process
+    was started for: ``ProcessRunner.start``'s ``attempt``): through that attempt's lease,
+    ``pid`` becomes this process's, with a first beat and the fields of ``also``. Returns the
+    lease, or None when the attempt no longer holds the job (cancelled, or given up, and
+    perhaps claimed again by another control loop, while this process started): the process
+    must then do nothing, never take over the next attempt's lease. ``attempt`` None: the
+    attempt the row holds now (a process started by hand, or one that just claimed it)."""
+    if attempt is None:
+        rows = model.objects.filter(pk=job_id)  # type: ignore[attr-defined]
+        attempt = rows.values_list("attempts", flat=True).first()
+        if attempt is None:
+            return None
+    lease = Lease(model, job_id, attempt)
+    if not lease.rows().update(pid=os.getpid(), heartbeat_at=timezone.now(), **also):
+        return None
+    return lease
+
+
 def beat_is_fresh(beat: datetime | None, stale_s: float) -> bool:
     """True when a heartbeat (or the start, for a job that has not beaten yet) is younger
     than ``stale_s`` seconds."""
@@ -218,7 +242,7 @@ def child_environment() -> dict[str, str]:
 
 class ProcessRunner:
     """The job processes of one kind this control loop started, by job id: each is
-    ``manage.py <command> <id>`` in a process group of its own (killed whole), its output
+    ``manage.py <command> [--attempt N] <id>`` in a process group of its own (killed whole), its output
     appended to ``var/logs/<log_prefix>-<id>.log``. The loop signals only these, never a pid
     read from a row."""
 
@@ -226,9 +250,13 @@ class ProcessRunner:
         self.command, self.log_prefix = command, log_prefix
         self.children: dict[int, subprocess.Popen] = {}
 
-    def start(self, job_id: int) -> subprocess.Popen:
-        """Start job ``job_id``'s process. Raises ``OSError`` when it cannot start."""
+    def start(self, job_id: int, *, attempt: int | None = None) -> subprocess.Popen:
+        """Start job ``job_id``'s process for attempt ``attempt`` (``--attempt N``: the
+        process takes up that attempt only, ``adopt``). Raises ``OSError`` when it cannot
+        start."""
         args = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), self.command]
+        if attempt is not None:
+            args += ["--attempt", str(attempt)]
         logfile = Path(settings.VAR_DIR) / "logs" / f"{self.log_prefix}-{job_id}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(logfile, "ab") as out:

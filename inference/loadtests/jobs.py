@@ -37,7 +37,7 @@ from django.db.models import Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from console.lib.jobs import Lease, ProcessRunner, beat_is_fresh, claim
+from console.lib.jobs import Lease, ProcessRunner, adopt, beat_is_fresh, claim
 from inference.loadtests.credentials import run_token_mint, run_tokens_revoke
 from inference.loadtests.identity import NotThisControlPlane, Proven, aprove
 from inference.loadtests.models import CostModel, LoadTestRun, LoadTestSample
@@ -68,16 +68,20 @@ def _claim(run_id: int, *, pid: int | None) -> bool:
 # --- the worker ------------------------------------------------------------------------------
 
 
-def loadtest_execute(run_id: int, *, claimed: bool = False, echo=None) -> LoadTestRun:
+def loadtest_execute(
+    run_id: int, *, claimed: bool = False, attempt: int | None = None, echo=None
+) -> LoadTestRun:
     """Run ``run_id`` in this process to its end (or its stop); the outcome is in the row.
-    ``claimed``: the control loop claimed it and started this process; otherwise it is claimed
-    here (a run someone else holds is left to them). ``echo(line)`` gets a progress line a
-    second (``manage.py loadtest`` prints them)."""
+    ``claimed``: the control loop claimed it (attempt ``attempt``) and started this process,
+    which does nothing once that attempt was given up; otherwise it is claimed here (a run
+    someone else holds is left to them). ``echo(line)`` gets a progress line a second
+    (``manage.py loadtest`` prints them)."""
     if not claimed and not _claim(run_id, pid=os.getpid()):
         return LoadTestRun.objects.get(pk=run_id)
+    claim = adopt(LoadTestRun, run_id, attempt=attempt if claimed else None)
+    if claim is None:  # given up (and perhaps claimed again) before this process began
+        return LoadTestRun.objects.get(pk=run_id)
     run = LoadTestRun.objects.get(pk=run_id)
-    LoadTestRun.objects.filter(pk=run_id, state=State.RUNNING).update(pid=os.getpid())
-    claim = Lease(LoadTestRun, run.pk, run.attempts)
     worker = Worker(run, claim, echo=echo)
     try:
         asyncio.run(worker.main())
@@ -432,8 +436,9 @@ def _worker_gone(run: LoadTestRun) -> None:
 def _start(run: LoadTestRun) -> None:
     if not _claim(run.pk, pid=None):
         return
-    try:
-        child = PROCESSES.start(run.pk)  # the same database as this process (child_environment)
+    attempt = LoadTestRun.objects.values_list("attempts", flat=True).get(pk=run.pk)  # ours now
+    try:  # the same database as this process (child_environment)
+        child = PROCESSES.start(run.pk, attempt=attempt)
     except OSError as exc:
         LoadTestRun.objects.filter(pk=run.pk).update(
             state=State.FAILED,
@@ -441,4 +446,4 @@ def _start(run: LoadTestRun) -> None:
             finished_at=timezone.now(),
         )
         return
-    LoadTestRun.objects.filter(pk=run.pk).update(pid=child.pid)
+    Lease(LoadTestRun, run.pk, attempt).rows().update(pid=child.pid)

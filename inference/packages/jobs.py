@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from console.lib.jobs import Heartbeat, Lease, ProcessRunner, beat_is_fresh, claim
+from console.lib.jobs import Heartbeat, Lease, ProcessRunner, adopt, beat_is_fresh, claim
 from inference.models import ModelPackage, PackageJob
 
 log = logging.getLogger(__name__)
@@ -81,23 +81,22 @@ class Reporter:
         self._written = time.monotonic()
 
 
-def job_execute(job_id: int, *, claimed: bool = False) -> PackageJob:
+def job_execute(job_id: int, *, claimed: bool = False, attempt: int | None = None) -> PackageJob:
     """Run job ``job_id`` here, to the end; its outcome is in the row. ``claimed``: the
-    control loop moved it to running and started this process for it (``manage.py
-    packagejob``); otherwise (``manage.py package ...`` in-process, tests) it is claimed here,
-    and when the control loop claimed it first this waits for that run to end. An interrupt
-    (Ctrl-C) of an in-process run cancels the job."""
+    control loop moved it to running (attempt ``attempt``) and started this process for it
+    (``manage.py packagejob``), which does nothing once that attempt was given up; otherwise
+    (``manage.py package ...`` in-process, tests) it is claimed here, and when the control
+    loop claimed it first this waits for that run to end. An interrupt (Ctrl-C) of an
+    in-process run cancels the job."""
     job = PackageJob.objects.select_related("package").get(pk=job_id)
     if job.finished:
         return job
     if not claimed and not _claim(job.pk, pid=os.getpid()):
         return _wait_for(job.pk)
-    if claimed:
-        running = PackageJob.objects.filter(pk=job.pk, state=State.RUNNING)
-        if not running.update(pid=os.getpid(), heartbeat_at=timezone.now()):
-            return PackageJob.objects.get(pk=job.pk)  # cancelled before it began
+    claim = adopt(PackageJob, job.pk, attempt=attempt if claimed else None)
+    if claim is None:  # cancelled, or given up (and perhaps claimed again), before it began
+        return PackageJob.objects.get(pk=job.pk)
     job.refresh_from_db()
-    claim = Lease(PackageJob, job.pk, job.attempts)
     _run(job, claim, claimed=claimed)
     job.refresh_from_db()
     return job
@@ -365,13 +364,14 @@ def _reap() -> None:
 def _start(job: PackageJob) -> None:
     if not _claim(job.pk, pid=None):
         return  # cancelled, or claimed by an in-process run, meanwhile
+    attempt = PackageJob.objects.values_list("attempts", flat=True).get(pk=job.pk)  # ours now
     try:
-        child = PROCESSES.start(job.pk)
+        child = PROCESSES.start(job.pk, attempt=attempt)
     except OSError as exc:
         job.refresh_from_db()
         _clean_up(job, State.FAILED, f"the job process could not start: {exc}")
         return
-    PackageJob.objects.filter(pk=job.pk).update(pid=child.pid)
+    Lease(PackageJob, job.pk, attempt).rows().update(pid=child.pid)
 
 
 def _alive(job: PackageJob) -> bool:

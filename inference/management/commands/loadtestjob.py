@@ -39,6 +39,9 @@ class Command(ArrayCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("run_id", type=int)
+        parser.add_argument(
+            "--attempt", type=int, default=None, help="the attempt the control loop claimed"
+        )
 
     def handle(self, *args, **options) -> None:
         run = LoadTestRun.objects.filter(pk=options["run_id"]).first()
@@ -47,5 +50,5 @@ class Command(ArrayCommand):
         stop_on_signal(run.pk)
         quiet_clients()
         with acting_as(run.created_by or "system"):
-            done = loadtest_execute(run.pk, claimed=True)
+            done = loadtest_execute(run.pk, claimed=True, attempt=options["attempt"])
         self.stdout.write(f"load test {done.pk}: {done.state} {done.error}".rstrip())

@@ -19,6 +19,9 @@ class Command(ArrayCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("job_id", type=int)
+        parser.add_argument(
+            "--attempt", type=int, default=None, help="the attempt the control loop claimed"
+        )
 
     def handle(self, *args, **options) -> None:
         job = PackageJob.objects.filter(pk=options["job_id"]).first()
@@ -28,5 +31,5 @@ class Command(ArrayCommand):
         # started is stopped by its context manager, the scratch space removed
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with acting_as(job.created_by or "system"):
-            done = job_execute(job.pk, claimed=True)
+            done = job_execute(job.pk, claimed=True, attempt=options["attempt"])
         self.stdout.write(f"job {done.pk}: {done.state} {done.error}".rstrip())
