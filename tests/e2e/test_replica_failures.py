@@ -155,3 +155,109 @@ def _sessions_kept_their_nodes(replicas: Replicas, turns: list[Turn], survivor: 
         shown = httpx.get(f"{url}/api/sessions/{session}", headers=replicas.auth).json()
         assert shown["node"] == nodes.pop() and shown["moves"] == 0, shown
         assert [d["action"] for d in shown["decisions"]] == ["placed"], shown
+
+
+# --- a job taken over -------------------------------------------------------------------------
+
+STALE_S = "8"  # PHALANX_LOADTEST_STALE_S (default 20): a worker silent this long is dead; a
+# worker beats as it starts, then with its live figures each second (gaps up to 3 s seen here)
+SCENARIO = {
+    "name": "takeover",
+    "kind": "ramp",
+    "steps": [1, 2, 3],
+    "hold_s": 2,
+    "turns": 2,
+    "think_time_s": 0.1,
+    "conversation": "chat",
+    "model": MODEL,
+    "max_s": 120,
+}
+
+
+def _row(replicas: Replicas, run_id: int) -> dict:
+    """The load-test run's row, straight from the shared database."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(replicas.env["DATABASE_URL"], row_factory=dict_row) as db:
+        columns = "state, attempts, pid, steps_done, sessions, error"
+        query = f"SELECT {columns} FROM inference_loadtestrun WHERE id = %s"
+        return db.execute(query, (run_id,)).fetchone()
+
+
+def _workers(loops: list) -> dict[int, int]:
+    """``{worker pid: index of the control loop that started it}``: the ``loadtestjob``
+    processes the loops have running now."""
+    import psutil
+
+    by_pid = {loop.popen.pid: i for i, loop in enumerate(loops)}
+    found = {}
+    for proc in psutil.process_iter(["ppid", "cmdline"]):
+        if proc.info["ppid"] in by_pid and "loadtestjob" in (proc.info["cmdline"] or []):
+            found[proc.pid] = by_pid[proc.info["ppid"]]
+    return found
+
+
+def _watch(replicas, run_id, loops, until, *, timeout: float = 60.0) -> tuple[dict, set]:
+    """Poll the run's row until ``until(row)``; returns the row and every ``(attempt, worker
+    pid, loop index)`` seen meanwhile."""
+    seen: set[tuple[int, int, int]] = set()
+    deadline = time.monotonic() + timeout
+    while not until(row := _row(replicas, run_id)):
+        assert time.monotonic() < deadline, row
+        seen |= {(row["attempts"], pid, i) for pid, i in _workers(loops).items()}
+        time.sleep(0.2)
+    return row, seen
+
+
+def test_a_job_is_claimed_once_and_taken_over_after_its_replica_dies(tmp_path):
+    """A load test queued on an array with two control loops (the replicas' job runners, on
+    one PostgreSQL): exactly one claims it and runs it (one worker, one attempt). That replica
+    dies mid-run (its loop and the worker, SIGKILL); once the worker's heartbeat is older than
+    ``PHALANX_LOADTEST_STALE_S`` the other loop queues it again, claims it (attempt 2) and
+    finishes it, resuming after the last finished step: every step recorded once, the steps
+    finished before the death kept as they were, none of them sent to a node again."""
+    with replica_array(tmp_path, planes=1) as replicas:
+        loops = [
+            replicas.control_loop(f"loop-{i}", PHALANX_LOADTEST_STALE_S=STALE_S) for i in (0, 1)
+        ]
+        body = {"spec": SCENARIO, "target_url": replicas.planes[0].url, "token": replicas.token}
+        created = httpx.post(
+            f"{replicas.planes[0].url}/api/loadtests", json=body, headers=replicas.auth
+        )
+        assert created.status_code in (200, 201), created.text
+        run_id = created.json()["id"]
+        row, seen = _watch(replicas, run_id, loops, lambda r: len(r["steps_done"]) >= 1)
+        ((worker, holder),) = _workers(loops).items()
+        assert row["state"] == "running" and row["attempts"] == 1 and row["pid"] == worker
+        assert seen <= {(1, worker, holder)}  # one attempt, one worker, one loop, all along
+        logs = [tmp_path / f"loop-{i}" / "logs" / f"loadtest-{run_id}.log" for i in (0, 1)]
+        assert [log.exists() for log in logs] == [i == holder for i in (0, 1)]
+        kept = row["steps_done"]
+        os.killpg(worker, signal.SIGKILL)  # the replica dies: its loop and its job's process
+        os.killpg(loops[holder].popen.pid, signal.SIGKILL)
+        loops[holder].popen.wait(10)
+
+        ended = ("succeeded", "failed", "stopped")
+        row, seen = _watch(replicas, run_id, loops, lambda r: r["state"] in ended)
+        assert (row["state"], row["attempts"], row["error"]) == ("succeeded", 2, ""), row
+        assert {i for _, pid, i in seen if pid != worker} == {1 - holder}
+        assert logs[1 - holder].exists()
+        _resumed(replicas, run_id, row, kept)
+
+
+def _resumed(replicas: Replicas, run_id: int, row: dict, kept: list[dict]) -> None:
+    """Every step recorded once; the ``kept`` steps (finished by attempt 1) unchanged and
+    never run again; the rest run by attempt 2 (session ids carry ``<run>.<attempt>``)."""
+    k = len(kept)
+    assert 0 < k < len(SCENARIO["steps"])
+    assert [s["step"] for s in row["steps_done"]] == list(range(len(SCENARIO["steps"])))
+    assert row["steps_done"][:k] == kept
+    for session in row["sessions"]:
+        attempt = 1 if session["step"] < k else 2
+        assert session["sid"].startswith(f"lt-{run_id}.{attempt}-s{session['step']}-"), session
+    sent = {r["session"] for node in replicas.nodes for r in node.requests}
+    tag = f"lt-{run_id}.2-s"  # then the step: lt-<run>.<attempt>-s<step>-u<user>-<n>
+    again = [s for s in sent if s.startswith(tag) and int(s[len(tag) :].split("-")[0]) < k]
+    assert not again  # attempt 2 sent nothing of the steps attempt 1 finished
+    assert any(s.startswith(f"lt-{run_id}.2-") for s in sent)
