@@ -163,6 +163,32 @@ def engine_config(o: dict) -> EngineConfig:
     )
 
 
+def add_join_arguments(parser) -> None:
+    """``--join``, ``--join-token``, ``--join-ca``, ``--advertise`` (``join_if_asked``)."""
+    parser.add_argument(
+        "--join",
+        default=None,
+        metavar="URL",
+        help="join the array whose control plane is at URL (http://host:port) with "
+        "--join-token, then serve; the credential received goes to --credential-file",
+    )
+    parser.add_argument(
+        "--join-token", default=None, help="a one-time join token (or $PHALANX_JOIN_TOKEN)"
+    )
+    parser.add_argument(
+        "--join-ca",
+        default=None,
+        metavar="PEM",
+        help="CA certificate(s) to trust for an https:// --join URL (default: the system's)",
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the address the control plane reaches this node at (default: --listen)",
+    )
+
+
 class Command(BaseCommand):
     help = "Run a node agent: load a GGUF package into the engine and serve the node protocol."
 
@@ -205,28 +231,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)"
         )
-        parser.add_argument(
-            "--join",
-            default=None,
-            metavar="URL",
-            help="join the array whose control plane is at URL (http://host:port) with "
-            "--join-token, then serve; the credential received goes to --credential-file",
-        )
-        parser.add_argument(
-            "--join-token", default=None, help="a one-time join token (or $PHALANX_JOIN_TOKEN)"
-        )
-        parser.add_argument(
-            "--join-ca",
-            default=None,
-            metavar="PEM",
-            help="CA certificate(s) to trust for an https:// --join URL (default: the system's)",
-        )
-        parser.add_argument(
-            "--advertise",
-            default=None,
-            metavar="HOST:PORT",
-            help="the address the control plane reaches this node at (default: --listen)",
-        )
+        add_join_arguments(parser)
 
     def handle(self, *args, **o) -> None:
         from daphne.endpoints import build_endpoint_description_strings
