@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from console.lib.read_only_admin import ReadOnlyAdmin
-from nodes.models import Node, NodeEvent
+from nodes.models import Node, NodeEvent, NodeJoinToken
 
 
 class NodeEventInline(admin.TabularInline):
@@ -50,3 +50,11 @@ class NodeEventAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "node", "kind", "message")
     list_filter = ("kind", "node")
     readonly_fields = ("node", "kind", "message", "created_at")
+
+
+@admin.register(NodeJoinToken)
+class NodeJoinTokenAdmin(ReadOnlyAdmin):
+    """Join tokens as kept: prefix and hash only (minted on the console or the API)."""
+
+    list_display = ("prefix", "note", "created_by", "created_at", "expires_at", "used_at")
+    search_fields = ("prefix", "note", "joined_node_id")
