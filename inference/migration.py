@@ -32,7 +32,7 @@ from typing import Any
 from console.lib.metrics import metric_inc
 from inference import proxy
 from inference.control_plane_metrics import PROXY_MIGRATIONS, PROXY_MIGRATIONS_FAILED
-from inference.errors import ProxyError
+from inference.errors import ProxyError, UpstreamError
 from inference.relay import Upstream, checked_events
 from inference.sse import DONE, StreamBroken, sse_error_event
 
@@ -191,9 +191,7 @@ async def _open_continuation(
         )
     except ProxyError as exc:
         return None, f"no other node could continue it: {exc.message}"
-    if opened.status != 200 or not opened.headers.get("content-type", "").startswith(
-        "text/event-stream"
-    ):
+    if not is_stream(opened):
         await opened.aclose()
         return None, f"{opened.node_id} refused to continue it (HTTP {opened.status})"
     return opened, ""
@@ -266,6 +264,44 @@ def _usage_with(usage: Any, deltas: int) -> Any:
 def _error(message: str) -> Event:
     payload = {"error": {"message": message, "type": "upstream_error", "code": "upstream_error"}}
     return sse_error_event(message), payload
+
+
+async def read_whole(upstream: Upstream) -> tuple[bytes | None, Upstream]:
+    """A non-streamed answer's body and the upstream that gave it. An answer its node cut
+    (``Upstream.read_all`` raises ``UpstreamError``: broken, empty, not a completion) was
+    never sent, so the turn is asked once of another node (any kind: it starts afresh); when
+    that one streams (the turn asked for a stream, the first node answered with no stream),
+    the body is None and the caller relays the returned upstream. Raises ``UpstreamError``
+    (502) naming both nodes when the second fails too."""
+    try:
+        return await upstream.read_all(), upstream
+    except UpstreamError as cut:
+        try:
+            again = await proxy.upstream_open(
+                payload=upstream.payload,
+                model=upstream.model,
+                session_id=upstream.session_id,
+                avoid={upstream.node_id: CUT_THE_ANSWER},
+            )
+        except ProxyError as exc:
+            metric_inc(PROXY_MIGRATIONS_FAILED)
+            raise UpstreamError(
+                f"{cut.message}; no other node could answer: {exc.message}"
+            ) from exc
+    log.info("answer cut on %s is asked of %s", upstream.node_id, again.node_id)
+    metric_inc(PROXY_MIGRATIONS)
+    if is_stream(again):
+        return None, again
+    try:
+        return await again.read_all(), again
+    except UpstreamError as exc:
+        raise UpstreamError(f"{upstream.node_id} cut the answer; {exc.message}") from exc
+
+
+def is_stream(upstream: Upstream) -> bool:
+    """Whether the node's answer is a 200 SSE stream (else: a whole body or an error)."""
+    content_type = upstream.headers.get("content-type", "")
+    return upstream.status == 200 and content_type.startswith("text/event-stream")
 
 
 async def sse_passthrough(upstream: Upstream) -> AsyncIterator[bytes]:

@@ -14,12 +14,14 @@ from django.views.decorators.csrf import csrf_exempt
 from console.lib.bare_http import db_thread
 from inference import lookups, proxy, selectors, tokens
 from inference.errors import MethodNotAllowed, ProxyError
-from inference.migration import sse_passthrough
+from inference.migration import is_stream, read_whole, sse_passthrough
 from inference.models import RoutingPolicy
+from inference.relay import Upstream
 from inference.request_checks import check_chat_body, parse_json_object, session_key
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"
+MIGRATED_HEADER = "X-Phalanx-Migrated-From"  # a non-streamed answer its first node cut
 
 
 def error_response(exc: ProxyError) -> JsonResponse:
@@ -68,26 +70,40 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         )
     except ProxyError as exc:
         return error_response(exc)
-    content_type = upstream.headers.get("content-type", "application/json")
-    if upstream.status == 200 and content_type.startswith("text/event-stream"):
-        response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
-            sse_passthrough(upstream), content_type="text/event-stream"
-        )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+    if is_stream(upstream):
+        response: HttpResponse = _streamed(upstream)
     else:
-        try:
-            content = await upstream.read_all()
-        except ProxyError as exc:
-            response = error_response(exc)
-        else:
-            response = HttpResponse(content, status=upstream.status, content_type=content_type)
+        response, upstream = await _whole(upstream)
     response[NODE_HEADER] = upstream.node_id
     if upstream.package:
         response[PACKAGE_HEADER] = upstream.package
     if key:
         response["X-Session-Id"] = key
     return response
+
+
+def _streamed(upstream: Upstream) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(sse_passthrough(upstream), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _whole(upstream: Upstream) -> tuple[HttpResponse, Upstream]:
+    """The response for a non-streamed answer (or a node's error status) and the upstream
+    that gave it: another node's when the first cut it (``MIGRATED_HEADER`` names that one)."""
+    try:
+        content, answered = await read_whole(upstream)
+    except ProxyError as exc:
+        return error_response(exc), upstream
+    if content is None:
+        response: HttpResponse = _streamed(answered)
+    else:
+        content_type = answered.headers.get("content-type", "application/json")
+        response = HttpResponse(content, status=answered.status, content_type=content_type)
+    if answered is not upstream:
+        response[MIGRATED_HEADER] = upstream.node_id
+    return response, answered
 
 
 @csrf_exempt

@@ -112,15 +112,29 @@ async def test_a_cut_answer_moves_its_session_and_the_next_turn_stays(fakes, aut
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_empty_200_is_a_502(fakes, auth, stream):
+async def test_an_empty_200_is_answered_by_the_other_node(fakes, auth, stream):
     await only_node_01_serves(fakes)
+    fakes["node-01"].shape = "empty_200"
+    response = await post(auth, "empty", stream=stream)
+    assert response.status_code == 200 and response["X-Phalanx-Node"] == "node-02"
+    assert response["X-Phalanx-Migrated-From"] == "node-01"
+    if stream:  # node-02 streams what node-01 did not
+        chunks = [json.loads(e) for e in data_events(await text_of(response))[:-1]]
+        assert content_of(chunks) == "Hello!"
+    else:
+        assert json.loads(response.content)["choices"][0]["message"]["content"] == "Hello!"
+    assert (await Node.objects.aget(node_id="node-01")).consecutive_failures == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_empty_200_with_no_other_node_is_a_502(fakes, auth, stream):
+    await no_other_node(fakes)
     fakes["node-01"].shape = "empty_200"
     response = await post(auth, stream=stream)
     assert response.status_code == 502
-    assert (
-        "node-01 answered 200 with an empty body"
-        in json.loads(response.content)["error"]["message"]
-    )
+    message = json.loads(response.content)["error"]["message"]
+    assert message.startswith("node-01 answered 200 with an empty body")
+    assert "no other node could answer" in message
     assert (await Node.objects.aget(node_id="node-01")).consecutive_failures == 1
 
 
