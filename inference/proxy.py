@@ -291,18 +291,15 @@ async def upstream_open(
     connection failures, timeouts, overload (503, 429) and a node marked down while we wait
     move to the next node. A 503 (queue full) from the node a session is pinned to is passed
     on as 503 with Retry-After instead: the session keeps its KV and its node. Any other 5xx
-    raises ``UpstreamError`` (502 ``node_error``) without a retry (see ``_refused``). Raises ``ArrayFull`` (429) when
-    this process already holds ``max_inflight`` requests or every node is at its limits, and
-    ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``. ``policy`` saves
-    a read when the caller already has it.
+    raises ``UpstreamError`` (502 ``node_error``) without a retry (see ``_refused``). Raises
+    ``ArrayFull`` (429) when this process already holds ``max_inflight`` requests or every
+    node is at its limits, and ``NoHealthyNode`` (503) when no node is left; both carry
+    ``retry_after``. ``policy`` saves a read when the caller already has it.
     """
     policy = policy or await lookups.arouting_policy()
     _check_inflight(policy)
     refuse_poison(payload)
-    exclude: dict[str, str] = dict(avoid or {})
-    broke_last_turn = broken_turns.take(session_id)
-    if broke_last_turn and broke_last_turn not in exclude:
-        exclude[broke_last_turn] = BROKE_LAST_TURN
+    exclude = _kept_out(avoid, session_id)
     for attempt in range(policy.max_attempts):
         if attempt:
             metric_inc(PROXY_RETRIES)
@@ -333,6 +330,16 @@ async def upstream_open(
         f"No node could take the request ({tried}).",
         retry_after=max(1, round(policy.health_interval_s)),
     )
+
+
+def _kept_out(avoid: dict[str, str] | None, session_id: str | None) -> dict[str, str]:
+    """The nodes a request starts without, with why: ``avoid``, and the node that broke the
+    session's last turn (``broken_turns``) unless already there."""
+    exclude = dict(avoid or {})
+    broke_last_turn = broken_turns.take(session_id)
+    if broke_last_turn and broke_last_turn not in exclude:
+        exclude[broke_last_turn] = BROKE_LAST_TURN
+    return exclude
 
 
 async def _attempt(
