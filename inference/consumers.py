@@ -26,6 +26,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from console.lib import logs
 from inference import lookups, proxy, selectors, services, tokens
 from inference.chat_request import decode_json
 from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, ProxyError
@@ -153,8 +154,10 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def send_error(self, exc: ProxyError) -> None:
+    async def send_error(self, exc: ProxyError, request_id: str = "") -> None:
         event: dict[str, Any] = {"type": "error", "message": exc.message, "code": exc.code}
+        if request_id:
+            event["request_id"] = request_id
         if exc.param is not None:
             event["param"] = exc.param
         if exc.retry_after is not None:
@@ -163,7 +166,8 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_turn(self, turn: WsTurn) -> None:
         """Validate, route, stream deltas and tool calls, then store the exchange and send
-        ``done``."""
+        ``done`` (each event of the turn names its ``request_id``)."""
+        logs.bind(request_id=turn.request_id, session_id=self.session_id)
         try:
             model, messages = await _prepare_turn(self.session_id, turn)
             tools = turn.tools["tools"] if "tools" in turn.tools else self.tools
@@ -183,7 +187,10 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             check_chat_body(payload)
             self.tools = tools  # kept for later turns only once they passed
             upstream = await proxy.upstream_open(
-                payload=payload, model=model, session_id=self.session_id
+                payload=payload,
+                model=model,
+                session_id=self.session_id,
+                request_id=turn.request_id,
             )
             if upstream.status != 200:
                 body = await upstream.read_all()
@@ -194,7 +201,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await _append(session_id=self.session_id, messages=[messages[-1], reply])
             await self.send_json(done)
         except ProxyError as exc:
-            await self.send_error(exc)
+            await self.send_error(exc, turn.request_id)
 
     async def _pass_on(self, event: dict[str, Any], answer: Answer, done: dict[str, Any]) -> None:
         """Send an SSE chunk's content as ``delta`` events, gather its tool-call pieces; note
@@ -221,6 +228,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         answer = Answer()
         done: dict[str, Any] = {
             "type": "done",
+            "request_id": upstream.request_id,
             "node": upstream.node_id,
             "model": upstream.payload.get("model"),
             "package": upstream.package,
@@ -239,6 +247,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                     continue
                 if "error" in event:
                     error = _error_event(event["error"], upstream.node_id)
+                    error["request_id"] = upstream.request_id
                     break
                 await self._pass_on(event, answer, done)
         if error is not None:

@@ -188,6 +188,7 @@ async def _open_continuation(
             session_id=cut_upstream.session_id,
             avoid={cut_upstream.node_id: CUT_THE_ANSWER},
             continuing=True,
+            request_id=cut_upstream.request_id,
         )
     except ProxyError as exc:
         return None, f"no other node could continue it: {exc.message}"
@@ -282,6 +283,7 @@ async def read_whole(upstream: Upstream) -> tuple[bytes | None, Upstream]:
                 model=upstream.model,
                 session_id=upstream.session_id,
                 avoid={upstream.node_id: CUT_THE_ANSWER},
+                request_id=upstream.request_id,
             )
         except ProxyError as exc:
             metric_inc(PROXY_MIGRATIONS_FAILED)

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from console.lib import logs
 from console.lib.bare_http import db_thread
 from console.lib.metrics import metric_inc
 from inference import lookups, services
@@ -202,6 +203,7 @@ async def _open_first(
     session_id: str | None,
     policy: RoutingPolicy,
     answer_as: tuple[str, str] | None = None,
+    request_id: str | None = None,
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
     """Send the request and read up to the first body bytes (or the whole body of a 5xx, a 429,
     a 401 or a 403, returned with no iterator: ``_refused`` judges those)."""
@@ -213,6 +215,7 @@ async def _open_first(
         connect_timeout=policy.connect_timeout_s,
         read_timeout=policy.request_timeout_s,
         answer_as=answer_as,
+        request_id=request_id,
     )
     try:
         if response.status_code >= 500 or response.status_code in REFUSALS:
@@ -279,12 +282,14 @@ async def upstream_open(
     policy: RoutingPolicy | None = None,
     avoid: dict[str, str] | None = None,
     continuing: bool = False,
+    request_id: str | None = None,
 ) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for ``model`` (a client-facing name:
     ``lookups.model_for_request``) and open the node's answer, which reports ``model`` and the
     version that serves it (``Upstream.package``). ``avoid``: nodes kept out, with why (a
     node that just cut this answer); ``continuing``: the body continues an answer another node
-    cut (``inference.migration``), so only Phalanx nodes may take it.
+    cut (``inference.migration``), so only Phalanx nodes may take it. ``request_id`` goes to
+    the node (``X-Request-Id``).
 
     Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
     most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
@@ -322,6 +327,7 @@ async def upstream_open(
             session_id=session_id,
             policy=policy,
             exclude=exclude,
+            request_id=request_id,
         )
         if upstream is not None:
             return upstream
@@ -351,12 +357,14 @@ async def _attempt(
     session_id: str | None,
     policy: RoutingPolicy,
     exclude: dict[str, str],
+    request_id: str | None = None,
 ) -> Upstream | None:
     """Send the request to ``target`` and wait for its first byte. Returns the open answer, or
     None after adding the node to ``exclude`` with the reason (the caller tries another).
     Raises ``NoHealthyNode`` (503 ``node_busy``) when the node a session sticks to is busy."""
     recorded, held = await kv_in_place(target, session_id, held)
     deadline = _deadline(target, payload, policy)
+    logs.bind(node_id=target.node_id, package=target.package)
     inflight.acquire(target.node_id)
     try:
         response, rest, first = await _watched(
@@ -368,6 +376,7 @@ async def _attempt(
                 session_id=session_id,
                 policy=policy,
                 answer_as=(model, target.package) if target.package else None,
+                request_id=request_id,
             ),
             check_every_s=max(0.2, policy.health_interval_s / 2),
             deadline=deadline,
@@ -399,6 +408,7 @@ async def _attempt(
         target.package,
         model=model,
         first_token_deadline_s=deadline.seconds if deadline else None,
+        request_id=request_id,
     )
 
 

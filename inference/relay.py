@@ -120,6 +120,7 @@ class Upstream:
     package: str | None = None  # name:version the node serves (X-Phalanx-Package)
     model: str = ""  # the client-facing name it was routed for (the family)
     first_token_deadline_s: float | None = None  # streamed: the request's first-byte deadline
+    request_id: str | None = None  # X-Request-Id: the turn's id on every log line of it
     record_scheduled: bool = False
     released: bool = False
 
@@ -144,6 +145,7 @@ class Upstream:
         if not self.released:
             self.released = True
             inflight.release(self.node_id)
+            log.info("answer closed", extra={"node_id": self.node_id, "status": self.status})
         await node_client.chat_close(self.response)
         self.record()
         if self.recorded is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,26 @@ def session_key(headers: Mapping[str, str], *, header: str) -> str | None:
     return None
 
 
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(given: str | None, *, where: str = REQUEST_ID_HEADER) -> str:
+    """A turn's request id: ``given`` (the client's ``X-Request-Id``, a websocket turn's
+    ``request_id``) when it is 1 to 128 letters, digits, ``.``, ``_``, ``:`` or ``-``; a new
+    one (32 hex digits) when absent or empty. Raises ``BadRequest`` (``invalid_request_id``,
+    ``param`` ``where``) otherwise. The proxy and the node both check it here."""
+    if not given:
+        return uuid.uuid4().hex
+    if not isinstance(given, str) or not REQUEST_ID.fullmatch(given):
+        raise BadRequest(
+            f"{where} must be 1 to 128 letters, digits, '.', '_', ':' or '-'.",
+            code="invalid_request_id",
+            param=where,
+        )
+    return given
+
+
 def check_session_id(value: str, *, where: str = "the session id") -> str:
     """``value`` when it is 1 to 200 printable ASCII characters, not starting or ending with a
     space (it travels to nodes in an HTTP header, which carries nothing else safely); raises
@@ -81,13 +103,14 @@ class WsTurn:
     model: str | None
     options: dict[str, Any]
     tools: dict[str, Any]
+    request_id: str = ""  # the turn's request id (the client's ``request_id`` or a new one)
 
 
 def parse_ws_message(data: Any) -> WsTurn:
     """Accept ``{"type": "user", "content": ...}`` (``{"message": ...}`` or ``{"content": ...}``
     too) or a tool result ``{"type": "tool", "tool_call_id": ..., "content": ...}``, with
     optional ``model``, ``max_tokens``, ``temperature``, ``seed``, ``top_p``, ``stop``,
-    ``tools`` and ``tool_choice``.
+    ``tools``, ``tool_choice`` and ``request_id`` (kept when a plain token, else a new one).
 
     Raises ``BadRequest`` for other message types, missing or empty content, a tool result
     without ``tool_call_id``. Options and tools are checked with the whole request
@@ -123,4 +146,5 @@ def parse_ws_message(data: Any) -> WsTurn:
         raise BadRequest("model must be a non-empty string.", code="invalid_type", param="model")
     options = {k: data[k] for k in WS_OPTIONS if data.get(k) is not None}
     tools = {k: data[k] for k in WS_TOOL_FIELDS if data.get(k) is not None}
-    return WsTurn(message=message, model=model, options=options, tools=tools)
+    rid = request_id(data.get("request_id"), where="request_id")
+    return WsTurn(message=message, model=model, options=options, tools=tools, request_id=rid)

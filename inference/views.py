@@ -11,13 +11,20 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from console.lib import logs
 from console.lib.bare_http import db_thread
 from inference import lookups, proxy, selectors, tokens
 from inference.errors import MethodNotAllowed, ProxyError
 from inference.migration import is_stream, read_whole, sse_passthrough
 from inference.models import RoutingPolicy
 from inference.relay import Upstream
-from inference.request_checks import check_chat_body, parse_json_object, session_key
+from inference.request_checks import (
+    REQUEST_ID_HEADER,
+    check_chat_body,
+    parse_json_object,
+    request_id,
+    session_key,
+)
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"
@@ -57,16 +64,30 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     """OpenAI chat completion through the array; ``stream: true`` relays the node's SSE.
 
     Headers in: ``Authorization: Bearer <token>``, the session header (default
-    ``X-Session-Id``). Out: ``X-Phalanx-Node`` names the node that answered,
-    ``X-Phalanx-Package`` the ``name:version`` that served (also the answer's
-    ``system_fingerprint``; its ``model`` is the family).
+    ``X-Session-Id``), ``X-Request-Id`` (optional: kept when a plain token, else 400).
+    Out: ``X-Request-Id`` (the client's or a new one, on every answer: the node logs the turn
+    under it too), ``X-Phalanx-Node`` names the node that answered, ``X-Phalanx-Package``
+    the ``name:version`` that served (also the answer's ``system_fingerprint``; its
+    ``model`` is the family).
     """
+    try:
+        rid = request_id(request.headers.get(REQUEST_ID_HEADER))
+    except ProxyError as exc:
+        return error_response(exc)
+    logs.bind(request_id=rid)
+    response = await _chat(request, rid)
+    response[REQUEST_ID_HEADER] = rid
+    return response
+
+
+async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
     try:
         if request.method != "POST":
             raise MethodNotAllowed("Use POST for /v1/chat/completions.")
         body, model, key, policy = await _prepare_chat(request)
+        logs.bind(session_id=key)
         upstream = await proxy.upstream_open(
-            payload=body, model=model, session_id=key, policy=policy
+            payload=body, model=model, session_id=key, policy=policy, request_id=rid
         )
     except ProxyError as exc:
         return error_response(exc)

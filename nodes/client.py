@@ -191,13 +191,15 @@ async def chat_open(
     connect_timeout: float,
     read_timeout: float,
     answer_as: tuple[str, str] | None = None,
+    request_id: str | None = None,
 ) -> httpx.Response:
     """POST ``payload`` to the node's ``/v1/chat/completions`` and return the response with its
     body still unread (stream it with ``aiter_raw``; always ``chat_close`` it).
 
     ``X-Session-Id: <session_id>`` is sent when given; ``answer_as`` ``(model, name:version)``
     as ``X-Phalanx-Model`` / ``X-Phalanx-Package``, which the answer reports (``model``,
-    ``system_fingerprint``). Raises ``httpx.TransportError`` when the
+    ``system_fingerprint``); ``request_id`` as ``X-Request-Id`` (the node logs the turn
+    under it). Raises ``httpx.TransportError`` when the
     node cannot be reached or sends no headers within ``read_timeout`` seconds.
     """
     headers = {
@@ -209,6 +211,8 @@ async def chat_open(
         headers["X-Session-Id"] = session_id
     if answer_as:
         headers["X-Phalanx-Model"], headers["X-Phalanx-Package"] = answer_as
+    if request_id:
+        headers["X-Request-Id"] = request_id
     timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
     client = async_client()
     request = client.build_request(

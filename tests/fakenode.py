@@ -122,6 +122,7 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
                 "body": body,
                 "session": self.headers.get("X-Session-Id"),
                 "authorization": self.headers.get("Authorization"),
+                "request_id": self.headers.get("X-Request-Id"),
             }
         )
         self._answer_chat(body)

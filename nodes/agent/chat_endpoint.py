@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from console.lib import logs
 from inference.chat_request import decode_json, parse_chat_request
 from inference.engine.request import Failed, Finished, QueueFull, TextDelta
 from inference.engine.scheduler import Engine
 from inference.errors import BadRequest
+from inference.request_checks import request_id
 from nodes.agent.asgi_io import (
     SSE_DONE,
     BodyTooLarge,
@@ -28,6 +31,8 @@ from nodes.agent.asgi_io import (
 from nodes.agent.completions import ChatService, CompletionShaper, Generation, collect
 from nodes.agent.node_state import JSON_LIMIT, NodeState
 from nodes.agent.outcomes import Outcomes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,13 @@ class ChatEndpoint(NodeState):
             answer_model=header(scope, "x-phalanx-model"),
             answer_package=header(scope, "x-phalanx-package"),
         )
+        try:
+            rid = request_id(header(scope, "x-request-id"))
+        except BadRequest as exc:
+            return await self._error(send, 400, exc.message, code=exc.code, param=exc.param)
+        # every log line of this request names it (this task's context: console.lib.logs)
+        logs.bind(request_id=rid, session_id=header(scope, "x-session-id"))
+        logs.bind(package=serving.answer_package or serving.identity.package)
         self._holding[id(serving.engine)] = self._holding.get(id(serving.engine), 0) + 1
         try:
             await self._serve_chat(scope, receive, send, raw, serving)
@@ -160,15 +172,31 @@ def _may_call(chat: Any) -> bool:
 
 
 def _record(outcomes: Outcomes | None, result: Finished | Failed, shaper: CompletionShaper) -> None:
-    """Count a request's outcome for the package that served it (None: a probe, not counted)."""
+    """Log a request's outcome (one line, under its request id) and count it for the package
+    that served it (``outcomes`` None: a probe, neither logged nor counted)."""
     if outcomes is None:
         return
+    _log_outcome(result)
     if isinstance(result, Failed):
         outcomes.record(failed=not result.client_error)
         return
     outcomes.record(
         ttft_ms=result.timings.get("ttft_ms"), tool_broken=shaper.tool_call_broken(result.text)
     )
+
+
+def _log_outcome(result: Finished | Failed) -> None:
+    if isinstance(result, Failed):
+        log.warning("chat failed: %s", result.message, extra={"client_error": result.client_error})
+        return
+    fields = {
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "cached_tokens": result.cached_tokens,
+        "completion_tokens": result.completion_tokens,
+        "ttft_ms": result.timings.get("ttft_ms"),
+    }
+    log.info("chat answered", extra=fields)
 
 
 def _failure_body(failed: Failed) -> dict[str, Any]:

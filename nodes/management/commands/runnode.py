@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 from django.core.management.base import BaseCommand, CommandError
 
+from console.lib import logs
 from inference.engine.config import EngineConfig, default_host_ram_mib
 from inference.engine.scheduler import Engine
 from nodes.agent.app import NodeApp
@@ -237,6 +238,7 @@ class Command(BaseCommand):
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
+        logs.set_process("runnode", node_id=o["id"])  # every record names this node
         host, _, port = o["listen"].rpartition(":")
         if not host or not port.isdigit():
             raise CommandError(f"--listen must be host:port, got {o['listen']!r}")

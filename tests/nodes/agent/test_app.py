@@ -437,3 +437,14 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(node) -> Non
     messages = [{"role": "user", "content": "a"}] * 50_000
     r = chat(node, {"messages": messages, "max_tokens": 2})
     assert r.status_code == 400 and "bytes cannot fit" in r.json()["error"]["message"]
+
+
+def test_every_log_line_of_a_chat_names_its_request_session_node_and_package(node) -> None:
+    body = {"model": PACKAGE, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert chat(node, body, **{"X-Request-Id": "req-log-1", "X-Session-Id": "s-log"}).is_success
+    lines = [line for line in node.log().splitlines() if "request_id=req-log-1" in line]
+    assert lines and "chat answered" in lines[-1]
+    for field in ("session_id=s-log", "node_id=node-t1", f"package={PACKAGE}", "ttft_ms="):
+        assert field in lines[-1], lines[-1]
+    refused = chat(node, body, **{"X-Request-Id": "no spaces allowed"})
+    assert refused.status_code == 400 and "X-Request-Id must be" in refused.text
