@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -57,6 +58,30 @@ def _command_name() -> str:
     return os.path.basename(args[0]) if args else "python"
 
 
+# What a record must never carry (docs/control-plane.md): API tokens (phx_...), join tokens
+# (phxj_...), node credentials (phx1./phx2. + 64 hex), anything after "Bearer", and any 64
+# hex digits (the array's node secret and nodes' proof keys are such: a package's SHA-256 is
+# redacted with them, the price of never printing a secret)
+SECRET = re.compile(
+    r"(?i:bearer)\s+\S+|phxj?_[A-Za-z0-9_-]{16,}|phx[12]\.[0-9a-f]{64}|(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])"
+)
+REDACTED = "[redacted]"
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret ``SECRET`` matches replaced by ``[redacted]``."""
+    return (
+        SECRET.sub(REDACTED, text) if "phx" in text or len(text) >= 64 or "earer" in text else text
+    )
+
+
+def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = redact(value)
+    return event
+
+
 def _text(_: Any, __: str, event: dict[str, Any]) -> str:
     """``<time> <LEVEL> <logger>: <message> key=value ...`` (the message as written)."""
     head = f"{event.pop('timestamp', '')} {event.pop('level', '').upper()} "
@@ -92,6 +117,7 @@ def formatter(kind: str | None = None) -> logging.Formatter:
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            _redact,  # after the traceback is text: it is redacted too
             render,
         ],
     )
