@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
 from console import (
+    alert_pages,
     config_pages,
     join_pages,
     loadtest_pages,
@@ -88,4 +89,11 @@ urlpatterns = [
     path("config/", config_pages.config, name="config"),
     path("config/phalanx.yaml", config_pages.config_download, name="config_download"),
     path("audit/", config_pages.audit, name="audit"),
+    path("alerts/", alert_pages.alerts, name="alerts"),
+    path(
+        "alerts/<int:alert_id>/acknowledge/",
+        alert_pages.alert_acknowledge,
+        name="alert_acknowledge",
+    ),
+    path("alerts/<int:alert_id>/resolve/", alert_pages.alert_resolve, name="alert_resolve"),
 ]

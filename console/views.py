@@ -15,6 +15,7 @@ from django.shortcuts import render
 from console.lib import access
 from console.lib.errors import ConsoleError
 from console.models import Role
+from inference.alerts.models import Alert
 from nodes.models import Node
 
 NAV = [
@@ -30,6 +31,7 @@ NAV = [
     ("tokens", "Tokens"),
     ("config", "Config"),
     ("audit", "Audit"),
+    ("alerts", "Alerts"),
 ]
 
 
@@ -51,6 +53,7 @@ def _render(
                 if name != "tokens" or principal.can(Role.ADMIN)
             ],
             "state_colours": {k: v for k, v in Node.STATE_COLOURS.items()},
+            "alerts_firing": Alert.objects.filter(state=Alert.State.FIRING).count(),
         },
         status=status,
     )

@@ -19,10 +19,12 @@ class InferenceConfig(AppConfig):
         from console.lib.metrics import register_collector, register_counter
         from inference import control_plane_metrics as metrics
         from inference import lookups  # noqa: F401  (connects its cache-clearing signals)
+        from inference.alerts.metrics import alert_families
         from inference.tokens import token_match
 
         register_token_resolver(token_match)
         register_collector(metrics.routing_families)
+        register_collector(alert_families)
         for name, help_text in metrics.COUNTERS.items():
             register_counter(name, help_text)
         self.register_control_loop_work()
@@ -32,7 +34,8 @@ class InferenceConfig(AppConfig):
         """What inference gives the control loop: the routing policy it follows
         (``nodes.health_policy``), rolling upgrades (a step kind), and, every health-check
         interval unless said, the package jobs' tick, the load tests' tick, idle-route release,
-        each second the upgrades' traffic samples, and every ``UPLOAD_SWEEP_S`` the sweep of
+        the alert rules, each second the upgrades' traffic samples and the alert webhooks'
+        deliveries, and every ``UPLOAD_SWEEP_S`` the sweep of
         abandoned uploads."""
         from console.lib.steps import Periodic, lazy, register_periodic, register_step_kind
         from inference.models import RoutingPolicy
@@ -56,6 +59,10 @@ class InferenceConfig(AppConfig):
                 lazy("inference.packages.uploads.uploads_collect_stale"),
                 UPLOAD_SWEEP_S,
             ),
+            Periodic(
+                "alerts", lazy("inference.alerts.services.alerts_evaluate"), health_interval_s
+            ),
+            Periodic("alert webhooks", lazy("inference.alerts.webhooks.deliveries_send_due")),
             Periodic(
                 "idle routes", lazy("inference.apps.routes_release_idle_now"), health_interval_s
             ),

@@ -10,11 +10,16 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from inference.alerts.models import Alert, AlertDelivery, AlertSettings, AlertWebhook
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun, LoadTestSample
 from inference.packages.models import ModelPackage, PackageJob, PackagePolicy
 from inference.upgrades.models import Upgrade, UpgradeEvent, UpgradeSample
 
 __all__ = [
+    "Alert",
+    "AlertDelivery",
+    "AlertSettings",
+    "AlertWebhook",
     "ApiToken",
     "CostModel",
     "LoadScenario",

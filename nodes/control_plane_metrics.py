@@ -1,5 +1,6 @@
 """What the control plane's ``/metrics`` says of each node: its state, health, load, weight,
-pinned sessions and events (registered with ``console.lib.metrics`` in ``NodesConfig.ready``)."""
+pinned sessions, events, validation state, and the series of its own ``/metrics`` the alert
+rules read, as last scraped (registered with ``console.lib.metrics`` in ``NodesConfig.ready``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,39 @@ def node_families(write: Write) -> None:
         "Node events (went_down, came_back, drained, undrained, registered).",
         [({"node": node_id, "kind": kind}, n) for node_id, kind, n in events],
     )
+    validation = [
+        ({"node": n.node_id, "state": s.value}, 1 if n.validation == s.value else 0)
+        for n in nodes
+        for s in Node.Validation
+    ]
+    write("phalanx_node_validation", "gauge", "1 for the node's validation state.", validation)
+    for name, kind, key, help_text in SCRAPED:
+        samples = [
+            ({"node": n.node_id}, n.last_seen_load[key])
+            for n in nodes
+            if n.last_seen_load and n.last_seen_load.get(key) is not None
+        ]
+        write(name, kind, help_text + " (last scrape)", samples)
+
+
+# (name, type, key of ``Node.last_seen_load``, help): the node's own series, as last scraped,
+# so that alerting rules over this one endpoint need not scrape every node (docs/alerts.md)
+SCRAPED = [
+    ("phalanx_node_requests_total", "counter", "requests", "Chat requests admitted."),
+    ("phalanx_node_failed_requests_total", "counter", "failed", "Requests failed on the node."),
+    ("phalanx_node_ttft_p95_seconds", "gauge", "ttft_p95", "TTFT P95, last 256 requests."),
+    ("phalanx_node_queue_depth", "gauge", "queue", "Requests waiting for a sequence."),
+    ("phalanx_node_sequences_total", "gauge", "total", "Configured KV sequences."),
+    (
+        "phalanx_node_restores_skipped_total",
+        "counter",
+        "restores_skipped",
+        "Host-RAM KV entries dropped instead of restored.",
+    ),
+    (
+        "phalanx_node_restored_from_host_total",
+        "counter",
+        "restored",
+        "Sessions whose KV came back from host RAM.",
+    ),
+]

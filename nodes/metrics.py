@@ -68,7 +68,7 @@ def _get(samples: dict[str, float], key: str) -> float | None:
 def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
     """Summarise a node's samples: ``{"load", "active", "queue", "total", "busy", "kv_used",
     "kv_capacity", "requests", "prefill_speed", "host_ram", "host_ram_budget", "failed",
-    "tool_parse_failures", "ttft_p95"}`` (counts;
+    "tool_parse_failures", "ttft_p95", "restores_skipped", "restored"}`` (counts;
     ``host_ram*`` bytes of idle sessions' KV kept in host RAM, and its budget; ``load`` unitless; ``requests`` is
     the node's ``phalanx_node_requests_total``, used to tell an idle node for canaries;
     ``prefill_speed`` prompt tokens/s, None until measured, for first-byte deadlines).
@@ -103,6 +103,8 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
         "failed": _get(samples, FAILED_REQUESTS_TOTAL),
         "tool_parse_failures": _get(samples, TOOL_PARSE_FAILURES_TOTAL),
         "ttft_p95": _finite(_get(samples, TTFT_P95_SECONDS)),
+        "restores_skipped": _get(samples, "phalanx_node_restores_skipped_total"),
+        "restored": _get(samples, "phalanx_node_restored_from_host_total"),
     }
 
 

@@ -73,6 +73,10 @@ _FIELDS = {
     "phalanx_node_requests_total": "requests",
     "phalanx_node_generated_tokens_total": "generated",
     "phalanx_node_host_ram_bytes": "host_ram",
+    # read by the alert rules' rates (inference.alerts.snapshot)
+    "phalanx_node_failed_requests_total": "failed",
+    "phalanx_node_restores_skipped_total": "restores_skipped",
+    "phalanx_node_restored_from_host_total": "restored",
 }
 
 
