@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from console.lib.read_only_admin import ReadOnlyAdmin
+from inference.alerts.models import AlertSettings
 from inference.models import ApiToken, ModelPackage, RouteDecision, RoutingPolicy, SessionRoute
 
 
@@ -66,4 +67,17 @@ class ApiTokenAdmin(ReadOnlyAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Tokens are minted by ``inference.tokens.token_create`` so the plaintext is shown once.
+        return False
+
+
+@admin.register(AlertSettings)
+class AlertSettingsAdmin(admin.ModelAdmin):
+    """The alert thresholds (one row; docs/alerts.md)."""
+
+    list_display = ("__str__", "error_rate_max", "ttft_p95_max_s", "window_s")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not AlertSettings.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
