@@ -4,7 +4,7 @@
 first body bytes; a failure before that point (refused, timed out, overloaded, no first byte
 within the request's deadline) is retried on another node (with backoff), bumping the failed
 node's failure counter when it was refused or timed out; a node's 500 for one request is that
-request's failure (``_refused``); a node marked down while the request waits (a stopped
+request's failure (``node_refusals.refused``); a node marked down while the request waits (a stopped
 process) is given up. A session that moves off a live node (drain, rebalance) takes its KV
 along (``inference.kv_move``: export, import, erase); a session whose last turn broke on a
 node is kept off it. After the first byte the request is committed to its node:
@@ -27,40 +27,34 @@ from console.lib import logs
 from console.lib.bare_http import db_thread
 from console.lib.metrics import metric_inc
 from inference import lookups, services
-from inference.control_plane_metrics import PROXY_NODE_REQUEST_ERRORS, PROXY_RETRIES
+from inference.control_plane_metrics import PROXY_RETRIES
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
-from inference.errors import ArrayFull, BadRequest, NoHealthyNode, UpstreamError
+from inference.errors import ArrayFull, NoHealthyNode
 from inference.kv_move import kv_in_place
 from inference.models import RoutingPolicy
+from inference.node_refusals import (
+    REFUSALS,
+    FirstByteLate,
+    NodeWentDown,
+    failed_before_first_byte,
+    refused,
+)
 from inference.node_table import NodeTable, nodes_for_routing
 from inference.placement import claim_pin, pin_version, replicas_share_placements
 from inference.relay import (
     Upstream,
     broken_turns,
-    describe_transport_error,
     inflight,
     refuse_poison,
-    stop_if_failed_twice,
-    take_out,
 )
-from inference.request_breaker import request_breaker, request_fingerprint
+from inference.request_breaker import request_breaker
 from inference.route_writer import route_writer
 from nodes import client as node_client
-from nodes import services as node_services
 from nodes.models import Node
 
 log = logging.getLogger(__name__)
 
-_record_failure = db_thread(node_services.node_record_failure)
 MAX_BACKOFF_S = 1.0
-
-
-class NodeWentDown(Exception):
-    """The node was marked down while we waited for its first byte."""
-
-
-class FirstByteLate(Exception):
-    """The node sent nothing within the request's first-byte deadline (the message: why)."""
 
 
 def _deadline(
@@ -79,14 +73,6 @@ def _deadline(
         margin=policy.first_byte_margin,
         cap_s=policy.request_timeout_s,
     )
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, NodeWentDown):
-        return "went down while the request waited"
-    if isinstance(exc, FirstByteLate):
-        return str(exc)
-    return describe_transport_error(exc)
 
 
 @db_thread
@@ -206,7 +192,7 @@ async def _open_first(
     request_id: str | None = None,
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
     """Send the request and read up to the first body bytes (or the whole body of a 5xx, a 429,
-    a 401 or a 403, returned with no iterator: ``_refused`` judges those)."""
+    a 401 or a 403, returned with no iterator: ``node_refusals.refused`` judges those)."""
     response = await node_client.chat_open(
         address,
         node_id=node_id,
@@ -256,13 +242,6 @@ async def _watched(
                 await task
 
 
-def _retry_after(response: httpx.Response, default: int) -> int:
-    try:
-        return max(1, int(float(response.headers.get("retry-after", default))))
-    except ValueError:
-        return default
-
-
 def _check_inflight(policy: RoutingPolicy) -> None:
     """Raises ``ArrayFull`` (429, Retry-After 1 s) when this process already holds
     ``policy.max_inflight`` requests (0: no limit)."""
@@ -286,20 +265,17 @@ async def upstream_open(
 ) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for ``model`` (a client-facing name:
     ``lookups.model_for_request``) and open the node's answer, which reports ``model`` and the
-    version that serves it (``Upstream.package``). ``avoid``: nodes kept out, with why (a
-    node that just cut this answer); ``continuing``: the body continues an answer another node
-    cut (``inference.migration``), so only Phalanx nodes may take it. ``request_id`` goes to
-    the node (``X-Request-Id``).
-
-    Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
+    version that serves it (``Upstream.package``). ``avoid``: nodes kept out, with why;
+    ``continuing``: the body goes on with an answer another node cut (``inference.migration``:
+    Phalanx nodes only); ``request_id`` goes to the node (``X-Request-Id``). Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
     most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
     connection failures, timeouts, overload (503, 429) and a node marked down while we wait
     move to the next node. A 503 (queue full) from the node a session is pinned to is passed
     on as 503 with Retry-After instead: the session keeps its KV and its node. Any other 5xx
-    raises ``UpstreamError`` (502 ``node_error``) without a retry (see ``_refused``). Raises
-    ``ArrayFull`` (429) when this process already holds ``max_inflight`` requests or every
-    node is at its limits, and ``NoHealthyNode`` (503) when no node is left; both carry
-    ``retry_after``. ``policy`` saves a read when the caller already has it.
+    raises ``UpstreamError`` (502 ``node_error``) without a retry (``node_refusals.refused``).
+    Raises ``ArrayFull`` (429) when this process holds ``max_inflight`` requests or every node
+    is at its limits, ``NoHealthyNode`` (503) when no node is left; both carry ``retry_after``.
+    ``policy`` saves a read when the caller already has it.
     """
     policy = policy or await lookups.arouting_policy()
     _check_inflight(policy)
@@ -336,6 +312,13 @@ async def upstream_open(
         f"No node could take the request ({tried}).",
         retry_after=max(1, round(policy.health_interval_s)),
     )
+
+
+def _let_go(node_id: str, held: Any) -> None:
+    """A request that will not be relayed from ``node_id``: its slot back, its route held
+    in ``route_writer`` written."""
+    inflight.release(node_id)
+    route_writer.commit(held)
 
 
 def _kept_out(avoid: dict[str, str] | None, session_id: str | None) -> dict[str, str]:
@@ -382,14 +365,12 @@ async def _attempt(
             deadline=deadline,
         )
     except BaseException as exc:
-        inflight.release(target.node_id)
-        route_writer.commit(held)
-        await _failed_before_first_byte(exc, target.node_id, payload, policy, exclude)
+        _let_go(target.node_id, held)
+        await failed_before_first_byte(exc, target.node_id, payload, policy, exclude)
         return None
     if rest is None:  # 5xx or 429
-        inflight.release(target.node_id)
-        route_writer.commit(held)
-        return await _refused(target, response, payload=payload, policy=policy, exclude=exclude)
+        _let_go(target.node_id, held)
+        return await refused(target, response, payload=payload, policy=policy, exclude=exclude)
     request_breaker.success(target.node_id)
     return Upstream(
         target.node_id,
@@ -410,98 +391,3 @@ async def _attempt(
         first_token_deadline_s=deadline.seconds if deadline else None,
         request_id=request_id,
     )
-
-
-async def _failed_before_first_byte(
-    exc: BaseException,
-    node_id: str,
-    payload: dict[str, Any],
-    policy: RoutingPolicy,
-    exclude: dict[str, str],
-) -> None:
-    """Judge a failure before the first byte: the node is excluded and its failure counted
-    (the caller tries another), unless the request could not even be sent (``BadRequest``) or
-    the client went away (re-raised)."""
-    if isinstance(exc, httpx.LocalProtocolError):  # we could not even send it: not the node
-        raise BadRequest(f"The request cannot be sent to a node: {exc}") from exc
-    if not isinstance(exc, httpx.TransportError | NodeWentDown | FirstByteLate):
-        raise exc  # the client went away (cancelled)
-    log.warning("request to %s failed before its first byte: %s", node_id, exc)
-    await _exclude(node_id, _describe(exc), exclude, policy, failed=True)
-    if _reached_node(exc):
-        await stop_if_failed_twice(node_id, payload, _describe(exc))
-
-
-def _reached_node(exc: BaseException) -> bool:
-    """Whether the node may have received the request before failing (not a refused or timed
-    out connection): then the body itself may be what made it fail."""
-    return not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-
-
-OVERLOAD_STATUSES = (429, 503)
-NOT_OUR_NODE = (401, 403)
-REFUSALS = (*OVERLOAD_STATUSES, *NOT_OUR_NODE)
-
-
-async def _refused(
-    target: services.RouteTarget,
-    response: httpx.Response,
-    *,
-    payload: dict[str, Any],
-    policy: RoutingPolicy,
-    exclude: dict[str, str],
-) -> None:
-    """A node's 5xx, 429, 401 or 403 before any body. 401 and 403 (our credential refused: a
-    misconfigured node, or another array's) count against the node and move the request on.
-    Overload (503, 429) moves the request to another
-    node, or, for a session pinned there, is passed on as 503 ``node_busy`` with the node's
-    Retry-After; nothing is counted against the node. Any other 5xx is this request's failure:
-    returned to the client as 502 ``node_error``, never retried with the same body on other
-    nodes, and counted against the node only through ``request_breaker`` (distinct requests
-    failing there while others succeed). Returns None after excluding the node (the caller
-    tries another); raises ``NoHealthyNode`` or ``UpstreamError`` otherwise."""
-    status = response.status_code
-    if status in NOT_OUR_NODE:  # a wrong credential, or another array's node: the node's fault
-        reason = f"refused this control plane's credential ({status}): {_error_message(response)}"
-        log.warning("%s %s", target.node_id, reason)
-        await _exclude(target.node_id, reason, exclude, policy, failed=True)
-        return None
-    if status in OVERLOAD_STATUSES:
-        if target.decision.action == "stuck":
-            raise NoHealthyNode(
-                f"{target.node_id}, where this session is pinned, is busy; retry shortly.",
-                retry_after=_retry_after(response, 1),
-                code="node_busy",
-            )
-        await _exclude(target.node_id, f"answered {status}", exclude, policy, failed=False)
-        return None
-    message = _error_message(response)
-    log.warning("%s answered %s to one request: %s", target.node_id, status, message)
-    metric_inc(PROXY_NODE_REQUEST_ERRORS)
-    trip = request_breaker.failure(target.node_id, request_fingerprint(payload), message)
-    if trip is not None:
-        await take_out(target.node_id, trip.describe())
-    raise UpstreamError(
-        f"{target.node_id} failed this request ({status}): {message}",
-        code="node_error",
-        status=502,
-    )
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The ``error.message`` of a node's JSON error body, else the start of its text."""
-    try:
-        return str(response.json()["error"]["message"])[:500]
-    except (ValueError, KeyError, TypeError, RecursionError):  # any body a server may send
-        return response.text[:500] or f"HTTP {response.status_code}"
-
-
-async def _exclude(
-    node_id: str, reason: str, exclude: dict[str, str], policy: RoutingPolicy, *, failed: bool
-) -> None:
-    """Leave ``node_id`` out of this request's next attempts; count a failure against it."""
-    exclude[node_id] = reason
-    if failed:
-        await _record_failure(
-            node_id=node_id, reason=reason, failure_threshold=policy.failure_threshold
-        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from inference import consumers, proxy
+from inference import consumers, node_refusals
 from nodes import client
 
 DEEP = b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -13,7 +13,7 @@ DEEP = b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 
 def test_the_proxy_reads_a_deep_error_body_as_text():
     response = httpx.Response(500, content=DEEP)
-    assert proxy._error_message(response) == DEEP[:500].decode()
+    assert node_refusals.error_message(response) == DEEP[:500].decode()
     assert client._error_message(response) == "HTTP 500"
 
 
