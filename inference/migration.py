@@ -83,8 +83,8 @@ def continuation_body(payload: dict[str, Any], relayed: Relayed) -> dict[str, An
     if relayed.called or relayed.finished:
         return None
     body = {k: v for k, v in payload.items() if k != "max_completion_tokens"}
-    limit = payload.get("max_tokens") or payload.get("max_completion_tokens")
-    if isinstance(limit, int):
+    limit = _limit(payload)
+    if limit is not None:
         body["max_tokens"] = max(1, limit - relayed.deltas)
     if not relayed.text:
         return body
@@ -93,6 +93,33 @@ def continuation_body(payload: dict[str, Any], relayed: Relayed) -> dict[str, An
     body["messages"] = _with_answer_start(payload["messages"], relayed.text, payload)
     body["continue_final_message"] = True
     return body
+
+
+def _limit(payload: dict[str, Any]) -> int | None:
+    limit = payload.get("max_tokens") or payload.get("max_completion_tokens")
+    return limit if isinstance(limit, int) else None
+
+
+def _at_limit(payload: dict[str, Any], relayed: Relayed) -> bool:
+    """Whether the relayed deltas already reach the turn's ``max_tokens`` (no finish went
+    out): a continuation would write past it."""
+    limit = _limit(payload)
+    return limit is not None and not relayed.finished and relayed.deltas >= limit
+
+
+def _ended_at_limit(relayed: Relayed) -> list[Event]:
+    """The end of an answer cut after its last allowed token: its finish (``length``, what the
+    node would have sent) and ``[DONE]``."""
+    finish = {
+        "id": relayed.id,
+        "object": "chat.completion.chunk",
+        "created": relayed.created,
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+    }
+    return [
+        (f"data: {json.dumps(finish)}\n\n".encode(), finish),
+        (f"data: {DONE}\n\n".encode(), DONE),
+    ]
 
 
 def _held_to_grammar(payload: dict[str, Any]) -> bool:
@@ -137,6 +164,10 @@ async def migrating_events(upstream: Upstream) -> AsyncIterator[Event]:
         cut = f"{upstream.node_id} {exc}"
     finally:
         await upstream.aclose()
+    if _at_limit(upstream.payload, relayed):  # cut after its last token: it is whole
+        for event in _ended_at_limit(relayed):
+            yield event
+        return
     body = continuation_body(upstream.payload, relayed)
     if body is None:
         yield _error(f"{cut}; the answer cannot be continued on another node")

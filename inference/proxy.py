@@ -322,9 +322,12 @@ def _let_go(node_id: str, held: Any) -> None:
 
 
 def _kept_out(avoid: dict[str, str] | None, session_id: str | None) -> dict[str, str]:
-    """The nodes a request starts without, with why: ``avoid``, and the node that broke the
-    session's last turn (``broken_turns``) unless already there."""
+    """The nodes a request starts without, with why: ``avoid`` (a migration's: the node
+    that broke the session's last turn is then left in ``broken_turns`` for the next turn,
+    should this one fail too), else that node."""
     exclude = dict(avoid or {})
+    if avoid:  # a migration: the memory stays for the next turn, should this one fail too
+        return exclude
     broke_last_turn = broken_turns.take(session_id)
     if broke_last_turn and broke_last_turn not in exclude:
         exclude[broke_last_turn] = BROKE_LAST_TURN

@@ -245,17 +245,22 @@ async def checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]]
     """The node's SSE events as ``(raw bytes, payload)``, checked (``StreamCheck``); raises
     ``StreamBroken`` when the answer cannot end as a success, transport errors included. An
     in-band error from the node counts as the request's failure; its missing ``[DONE]`` is
-    added."""
+    added. Nothing after ``[DONE]`` is read: the answer is whole (the caller closes the
+    upstream), whatever a node sends after it."""
     decoder, check = SSEDecoder(), StreamCheck()
     try:
         for raw, payload in decoder.feed(upstream.first):
             check.see(payload)
             yield raw, payload
+            if check.done:
+                return
         async for chunk in upstream.rest:
             for raw, payload in decoder.feed(chunk):
                 check.see(payload)
                 yield raw, payload
                 upstream.record_soon()
+                if check.done:
+                    return
         check.end(decoder.pending)
     except httpx.TransportError as exc:
         raise StreamBroken(f"broke off the stream: {describe_transport_error(exc)}") from exc

@@ -60,7 +60,7 @@ def request_id(given: str | None, *, where: str = REQUEST_ID_HEADER) -> str:
     ``request_id``) when it is 1 to 128 letters, digits, ``.``, ``_``, ``:`` or ``-``; a new
     one (32 hex digits) when absent or empty. Raises ``BadRequest`` (``invalid_request_id``,
     ``param`` ``where``) otherwise. The proxy and the node both check it here."""
-    if not given:
+    if given is None or given == "":
         return uuid.uuid4().hex
     if not isinstance(given, str) or not REQUEST_ID.fullmatch(given):
         raise BadRequest(

@@ -229,6 +229,7 @@ def nodes_join_tokens(request: HttpRequest) -> list[dict]:
     auth=None,
 )
 def nodes_join(request: HttpRequest, payload: JoinIn) -> tuple[int, JoinOut]:
+    joining.join_token_check(raw=payload.join_token)  # first: a wrong token learns nothing
     package_id = _package_id(payload.package, None) if payload.package else None
     grant = services.node_join(
         join_token=payload.join_token,

@@ -96,7 +96,24 @@ def join_token_take(*, raw: str) -> NodeJoinToken:
     """The unused, unexpired token ``raw``, claimed (``used_at`` set) in the caller's
     transaction (call inside one: a rollback leaves it unused). Raises ``JoinTokenRefused``
     saying why it cannot be used."""
-    row = NodeJoinToken.objects.select_for_update().filter(token_hash=_hash(raw or "")).first()
+    row = join_token_check(raw=raw, lock=True)
+    # claimed by a conditional write, so two joins racing with one token cannot both pass even
+    # where SELECT ... FOR UPDATE locks nothing (SQLite); the caller's rollback releases it
+    if not NodeJoinToken.objects.filter(pk=row.pk, used_at__isnull=True).update(
+        used_at=timezone.now()
+    ):
+        raise JoinTokenRefused(
+            "join_token: already used (by a join at the same moment).", code="join_token_used"
+        )
+    return row
+
+
+def join_token_check(*, raw: str, lock: bool = False) -> NodeJoinToken:
+    """The token ``raw`` when it is unused and unexpired (not claimed: the join endpoint checks
+    it before reading anything else of the body, so a wrong token learns nothing of the
+    array). Raises ``JoinTokenRefused`` saying why it cannot be used."""
+    rows = NodeJoinToken.objects.select_for_update() if lock else NodeJoinToken.objects
+    row = rows.filter(token_hash=_hash(raw or "")).first()
     if row is None:
         raise JoinTokenRefused(
             "join_token: not a join token of this array (mint one on the Nodes page or with "
@@ -115,14 +132,6 @@ def join_token_take(*, raw: str) -> NodeJoinToken:
             f"join_token: expired at {row.expires_at.isoformat(timespec='seconds')}; mint a "
             "new one.",
             code="join_token_expired",
-        )
-    # claimed by a conditional write, so two joins racing with one token cannot both pass even
-    # where SELECT ... FOR UPDATE locks nothing (SQLite); the caller's rollback releases it
-    if not NodeJoinToken.objects.filter(pk=row.pk, used_at__isnull=True).update(
-        used_at=timezone.now()
-    ):
-        raise JoinTokenRefused(
-            "join_token: already used (by a join at the same moment).", code="join_token_used"
         )
     return row
 

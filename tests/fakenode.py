@@ -218,6 +218,8 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
             }
             self._chunk(f"data: {json.dumps(stop)}\n\n".encode())
             self._chunk(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+            if self.node.shape == "after_done":  # a node that goes on writing after the end
+                self._chunk(f"data: {json.dumps(_token_chunk('more'))}\n\n".encode())
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
@@ -238,7 +240,16 @@ def _continued_tokens(tokens: list[str], body: dict[str, Any]) -> list[str]:
     return tokens
 
 
-SHAPES = ("ok", "no_finish", "close_delimited", "empty_200", "malformed", "silent", "reset")
+SHAPES = (
+    "ok",
+    "after_done",
+    "no_finish",
+    "close_delimited",
+    "empty_200",
+    "malformed",
+    "silent",
+    "reset",
+)
 
 
 def _token_chunk(token: str) -> dict[str, Any]:

@@ -70,25 +70,48 @@ REDACTED = "[redacted]"
 
 def redact(text: str) -> str:
     """``text`` with every secret ``SECRET`` matches replaced by ``[redacted]``."""
-    return (
-        SECRET.sub(REDACTED, text) if "phx" in text or len(text) >= 64 or "earer" in text else text
-    )
+    return SECRET.sub(REDACTED, text)
 
 
 def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Every value as the record will show it, redacted: a string, and any other object but a
+    number, bool or None as its text (Django logs the request object, whose text is the URL
+    with its query string)."""
     for key, value in event.items():
         if isinstance(value, str):
             event[key] = redact(value)
+        elif not isinstance(value, int | float | bool | type(None)):
+            event[key] = redact(json.dumps(value, default=str) if _plain(value) else str(value))
     return event
 
 
+def _plain(value: Any) -> bool:
+    return isinstance(value, dict | list | tuple)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with line breaks escaped: whatever a message holds (a node's bytes, a
+    client's header), it cannot start a record of its own."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _value(value: Any) -> str:
+    """A field's value in ``key=value`` form: quoted (JSON) when it holds a space, ``=`` or a
+    quote, so a value cannot pose as another field (logfmt's rule)."""
+    text = value if isinstance(value, str) else str(value)
+    if not text or any(c in text for c in ' ="\\') or not text.isprintable():
+        return json.dumps(text)
+    return text
+
+
 def _text(_: Any, __: str, event: dict[str, Any]) -> str:
-    """``<time> <LEVEL> <logger>: <message> key=value ...`` (the message as written)."""
+    """``<time> <LEVEL> <logger>: <message> key=value ...``: the message as written but on one
+    line, values quoted where they need it; a traceback follows on its own lines."""
     head = f"{event.pop('timestamp', '')} {event.pop('level', '').upper()} "
-    head += f"{event.pop('logger', '')}: {event.pop('event', '')}"
+    head += f"{event.pop('logger', '')}: {_one_line(str(event.pop('event', '')))}"
     exc = event.pop("exception", "")
     event.pop("process", None)  # the process is whoever writes to this stream
-    tail = "".join(f" {k}={v}" for k, v in event.items() if not k.startswith("_"))
+    tail = "".join(f" {k}={_value(v)}" for k, v in event.items() if not k.startswith("_"))
     return head + tail + (f"\n{exc}" if exc else "")
 
 

@@ -195,3 +195,10 @@ def test_the_node_page_revokes_its_credential(login, api) -> None:
     node = Node.objects.get(node_id="remote-1")
     assert node.credential_epoch != before and node.state == Node.State.DOWN
     assert "refused until it joins again" in response.content.decode()
+
+
+def test_a_wrong_join_token_learns_nothing_of_the_arrays_packages(package) -> None:
+    for name in (package.name, "no-such-package"):
+        answer = join("phxj_wrong", package=name)
+        assert answer.status_code == 401, answer.content
+        assert answer.json()["code"] == "join_token_invalid"

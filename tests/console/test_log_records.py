@@ -61,3 +61,26 @@ def test_a_json_record_names_time_level_process_and_the_bound_fields() -> None:
     assert record["time"].endswith("Z") and record["status"] == 200
     fields = ("request_id", "session_id", "node_id", "package")
     assert [record[f] for f in fields] == ["r-2", "s-2", "node-03", "m:1"]
+
+
+def test_a_request_object_with_a_token_in_its_url_is_redacted() -> None:
+    class Request:  # what django.request logs: its text is the URL with the query string
+        def __str__(self) -> str:
+            return f"<ASGIRequest: GET '/v1/models?token={API_TOKEN}'>"
+
+    for kind in ("text", "json"):
+        text = rendered(kind, lambda logger: logger.warning("no", extra={"request": Request()}))
+        assert API_TOKEN not in text and "/v1/models?token=" in text
+
+
+def test_no_message_or_value_can_forge_a_record_or_a_field() -> None:
+    forged = "x\n2030-01-01T00:00:00Z CRITICAL nodes.joining: node-99 joined request_id=FORGED"
+
+    def emit(logger: logging.Logger) -> None:
+        logs.bind(session_id="x request_id=FORGED node_id=node-99", request_id="r-3")
+        logger.warning("node-01 broke an answer: %s", forged)
+
+    text = rendered("text", emit)
+    assert text.count("\n") == 1  # one record, one line
+    assert " request_id=r-3" in text and " request_id=FORGED" not in text.split("answer:")[0]
+    assert 'session_id="x request_id=FORGED node_id=node-99"' in text

@@ -81,3 +81,16 @@ def test_continuation_chunks_join_the_cut_answer() -> None:
     assert last["migrated"] == MOVED
     assert last["usage"] == {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24}
     assert from_continuation(b"data: [DONE]\n\n", "[DONE]", seen, MOVED)[1] == "[DONE]"
+
+
+def test_an_answer_cut_after_its_last_allowed_token_ends_there() -> None:
+    from inference.migration import _at_limit, _ended_at_limit
+
+    seen = relayed({"content": "a"}, {"content": "b"})
+    assert _at_limit({**TURN, "max_tokens": 2}, seen)
+    assert not _at_limit({**TURN, "max_tokens": 3}, seen) and not _at_limit(
+        TURN | {"max_tokens": None}, seen
+    )
+    (_, finish), (_, done) = _ended_at_limit(seen)
+    assert finish["id"] == "chatcmpl-1" and finish["choices"][0]["finish_reason"] == "length"
+    assert done == "[DONE]"

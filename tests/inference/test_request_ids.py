@@ -96,3 +96,13 @@ async def test_websocket_turns_name_their_request_id(fakes, token):
     sent = [r["request_id"] for f in fakes.values() for r in f.requests]
     assert sorted(sent) == sorted([d["request_id"] for d in done])
     assert error["type"] == "error" and error["param"] == "request_id"
+
+
+@pytest.mark.parametrize("given", [0, False, [], {}, 5, "a b", "x" * 129, "é"])
+def test_a_request_id_that_is_not_a_plain_token_is_refused(given):
+    from inference.errors import BadRequest
+    from inference.request_checks import request_id
+
+    with pytest.raises(BadRequest, match="request_id must be 1 to 128"):
+        request_id(given, where="request_id")
+    assert request_id(None) != request_id("")  # absent or empty: a new one each time

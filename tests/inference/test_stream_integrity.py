@@ -96,6 +96,29 @@ async def test_a_dishonest_stream_with_no_node_to_go_on_ends_with_an_error_event
     assert node.consecutive_failures == 1 and "broke mid-answer" in node.last_probe_error
 
 
+async def test_a_turn_whose_migration_failed_still_sends_the_next_turn_elsewhere(fakes, auth):
+    await no_other_node(fakes)
+    fakes["node-01"].shape = "no_finish"
+    first = await post(auth, "cut-twice", stream=True)
+    assert "no other node could continue it" in await text_of(first)
+    fakes["node-01"].shape = "ok"
+    await sync_to_async(Node.objects.filter(node_id="node-02").update)(state=Node.State.UP)
+    second = await post(auth, "cut-twice", stream=True)
+    assert second["X-Phalanx-Node"] == "node-02" and "error" not in await text_of(second)
+    route = await SessionRoute.objects.aget(session_id="cut-twice")
+    reasons = [d.reason async for d in RouteDecision.objects.filter(route=route)]
+    assert "moved to node-02: node-01 broke the session's last turn" in reasons
+
+
+async def test_nothing_a_node_sends_after_done_reaches_the_client(fakes, auth):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = "after_done"
+    events = data_events(await text_of(await post(auth, "after", stream=True)))
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert all("error" not in e and "more" not in e for e in events)
+    assert (await Node.objects.aget(node_id="node-01")).consecutive_failures == 0
+
+
 async def test_a_cut_answer_moves_its_session_and_the_next_turn_stays(fakes, auth):
     await only_node_01_serves(fakes)
     fakes["node-01"].shape = "no_finish"
