@@ -216,9 +216,11 @@ def node_presents_own_credential(*, node_id: str, authorization: str | None) -> 
 
 def join_command(base_url: str, token: str) -> str:
     """The ``runnode --join`` command line an operator runs on the new node's host, with the
-    parts only they know in capitals (``NODE_ID``, ``THIS_HOST``, ``MODEL.gguf``)."""
+    parts only they know in capitals (``NODE_ID``, ``THIS_HOST``, ``MODEL.gguf``). The token
+    goes in ``$PHALANX_JOIN_TOKEN``, not on the command line, where ``ps`` shows it to every
+    user of the host."""
     return (
-        f"python manage.py runnode --join {base_url} --join-token {token} --id NODE_ID "
+        f"PHALANX_JOIN_TOKEN={token} python manage.py runnode --join {base_url} --id NODE_ID "
         "--listen 0.0.0.0:9401 --advertise THIS_HOST:9401 --model MODEL.gguf "
         "--credential-file var/node.credential"
     )
