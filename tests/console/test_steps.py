@@ -120,4 +120,6 @@ def test_the_apps_register_their_kinds_and_periodic_work():
         "load tests",
         "idle routes",
         "upload sweep",
+        "alerts",
+        "alert webhooks",
     }

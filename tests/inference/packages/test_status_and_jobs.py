@@ -162,7 +162,6 @@ def test_a_run_the_loop_gave_up_cannot_write_over_the_next_run(settings):
 
 
 @pytest.mark.django_db(transaction=True)  # the heartbeat thread has its own connection
-@pytest.mark.django_db(transaction=True)  # the beat's own connection sees the cancel
 def test_the_heartbeat_interrupts_a_job_that_is_cancelled(settings):
     settings.PACKAGE_JOB_HEARTBEAT_S = 0.05
     job = running_job()
