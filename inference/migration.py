@@ -31,10 +31,11 @@ from typing import Any
 
 from console.lib.metrics import metric_inc
 from inference import proxy
+from inference.chat_request import parse_chat_request
 from inference.control_plane_metrics import PROXY_MIGRATIONS, PROXY_MIGRATIONS_FAILED
-from inference.errors import ProxyError, UpstreamError
+from inference.errors import BadRequest, ProxyError, UpstreamError
 from inference.relay import Upstream, checked_events
-from inference.sse import DONE, StreamBroken, sse_error_event
+from inference.sse import DONE, StreamBroken, error_body, sse_error_event
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ class Relayed:
 
 def continuation_body(payload: dict[str, Any], relayed: Relayed) -> dict[str, Any] | None:
     """The chat body that goes on with ``payload``'s answer after ``relayed``, or None when it
-    cannot go on (a call or a finish reason went out; text went out under a JSON response
-    format). Nothing relayed yet: the turn itself, again. ``max_tokens`` is lowered by the
+    cannot go on (a call or a finish reason went out; text went out under a grammar, which
+    ``inference.chat_request`` refuses to continue). Nothing relayed yet: the turn itself, again. ``max_tokens`` is lowered by the
     deltas relayed (at least 1)."""
     if relayed.called or relayed.finished:
         return None
@@ -88,10 +89,12 @@ def continuation_body(payload: dict[str, Any], relayed: Relayed) -> dict[str, An
         body["max_tokens"] = max(1, limit - relayed.deltas)
     if not relayed.text:
         return body
-    if _held_to_grammar(payload):
-        return None
     body["messages"] = _with_answer_start(payload["messages"], relayed.text, payload)
     body["continue_final_message"] = True
+    try:  # the one rule of what can be continued, the node's own (no grammar-held answer)
+        parse_chat_request(body)
+    except BadRequest:
+        return None
     return body
 
 
@@ -120,18 +123,6 @@ def _ended_at_limit(relayed: Relayed) -> list[Event]:
         (f"data: {json.dumps(finish)}\n\n".encode(), finish),
         (f"data: {DONE}\n\n".encode(), DONE),
     ]
-
-
-def _held_to_grammar(payload: dict[str, Any]) -> bool:
-    """Whether the answer follows a grammar from its first token (a JSON response format, a
-    required or named tool call): text cut under it cannot be continued as free text."""
-    response_format = payload.get("response_format") or {}
-    choice = payload.get("tool_choice")
-    return (
-        response_format.get("type", "text") != "text"
-        or choice == "required"
-        or (isinstance(choice, dict))
-    )
 
 
 def _with_answer_start(
@@ -196,10 +187,9 @@ async def _continued(
             yield _error(f"{cut}; {opened.node_id} did not continue it within its deadline")
             return
         metric_inc(PROXY_MIGRATIONS)
-        for raw, payload in started:
-            yield from_continuation(raw, payload, relayed, moved)
-        async for raw, payload in events:
-            yield from_continuation(raw, payload, relayed, moved)
+        async for raw, payload in _chained(started, events):
+            if not _is_role_only(payload):  # the client has had its role chunk
+                yield from_continuation(raw, payload, relayed, moved)
     except StreamBroken as exc:
         await opened.broke(str(exc), detail=exc.detail)
         yield _error(f"{cut}; its continuation on {opened.node_id} {exc}")
@@ -263,14 +253,19 @@ def _is_role_only(payload: Any) -> bool:
     return True
 
 
+async def _chained(first: list[Event], rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    for event in first:
+        yield event
+    async for event in rest:
+        yield event
+
+
 def from_continuation(raw: bytes, payload: Any, relayed: Relayed, moved: dict[str, str]) -> Event:
-    """One continuation event as part of the cut answer: its role-only chunk becomes an empty
-    comment (the client has had it), ids are the first answer's, the chunks that end it carry
-    ``migrated`` and usage that counts the relayed deltas. ``[DONE]`` and errors pass as sent."""
+    """One continuation event (not its role chunk) as part of the cut answer: ids are the first
+    answer's, the chunks that end it carry ``migrated`` and usage that counts the relayed
+    deltas. ``[DONE]`` and errors pass as sent."""
     if payload == DONE or not isinstance(payload, dict) or "error" in payload:
         return raw, payload
-    if _is_role_only(payload):
-        return b"", None
     out = {**payload, "id": relayed.id or payload.get("id")}
     if relayed.created is not None:
         out["created"] = relayed.created
@@ -294,8 +289,7 @@ def _usage_with(usage: Any, deltas: int) -> Any:
 
 
 def _error(message: str) -> Event:
-    payload = {"error": {"message": message, "type": "upstream_error", "code": "upstream_error"}}
-    return sse_error_event(message), payload
+    return sse_error_event(message), error_body(message)
 
 
 async def read_whole(upstream: Upstream) -> tuple[bytes | None, Upstream]:
@@ -343,8 +337,7 @@ async def sse_passthrough(upstream: Upstream) -> AsyncIterator[bytes]:
     (client disconnect cancels the generator) every upstream is closed, so nodes stop
     generating."""
     async for raw, _ in migrating_events(upstream):
-        if raw:
-            yield raw
+        yield raw
 
 
 async def sse_events(upstream: Upstream) -> AsyncIterator[Any]:
@@ -352,5 +345,4 @@ async def sse_events(upstream: Upstream) -> AsyncIterator[Any]:
     node when it cuts the answer; an answer that breaks for good yields ``{"error":
     {"message": ...}}`` and ends. Every upstream is closed on exit."""
     async for _, payload in migrating_events(upstream):
-        if payload is not None:
-            yield payload
+        yield payload

@@ -31,7 +31,6 @@ from inference.request_breaker import request_breaker, request_fingerprint
 from inference.route_writer import route_writer
 from inference.routing import Decision
 from inference.sse import DONE, SSEDecoder, StreamBroken, StreamCheck, check_completion
-from inference.sse import sse_error_event as sse_error_event
 from nodes import client as node_client
 from nodes import services as node_services
 

@@ -26,10 +26,14 @@ class StreamBroken(Exception):
         self.detail = detail
 
 
+def error_body(message: str, *, code: str = "upstream_error") -> dict[str, Any]:
+    """The in-band error event's payload (the node protocol's shape)."""
+    return {"error": {"message": message, "type": "upstream_error", "code": code}}
+
+
 def sse_error_event(message: str, *, code: str = "upstream_error") -> bytes:
-    """An in-band SSE error event followed by ``[DONE]`` (the node protocol's shape)."""
-    body = {"error": {"message": message, "type": "upstream_error", "code": code}}
-    return f"data: {json.dumps(body)}\n\ndata: {DONE}\n\n".encode()
+    """An in-band SSE error event followed by ``[DONE]``."""
+    return f"data: {json.dumps(error_body(message, code=code))}\n\ndata: {DONE}\n\n".encode()
 
 
 @dataclass
