@@ -197,20 +197,26 @@ async def _continued(
         await opened.aclose()
 
 
+async def _elsewhere(cut: Upstream, body: dict[str, Any], *, continuing: bool) -> Upstream:
+    """``body`` opened on another node than ``cut``'s, for the same turn (model, session,
+    request id); ``proxy.upstream_open``'s errors."""
+    return await proxy.upstream_open(
+        payload=body,
+        model=cut.model,
+        session_id=cut.session_id,
+        avoid={cut.node_id: CUT_THE_ANSWER},
+        continuing=continuing,
+        request_id=cut.request_id,
+    )
+
+
 async def _open_continuation(
     cut_upstream: Upstream, body: dict[str, Any]
 ) -> tuple[Upstream | None, str]:
     """Another node's open answer to ``body`` (a Phalanx node, not the one that cut it), or
     None and why not."""
     try:
-        opened = await proxy.upstream_open(
-            payload=body,
-            model=cut_upstream.model,
-            session_id=cut_upstream.session_id,
-            avoid={cut_upstream.node_id: CUT_THE_ANSWER},
-            continuing=True,
-            request_id=cut_upstream.request_id,
-        )
+        opened = await _elsewhere(cut_upstream, body, continuing=True)
     except ProxyError as exc:
         return None, f"no other node could continue it: {exc.message}"
     if not is_stream(opened):
@@ -303,13 +309,7 @@ async def read_whole(upstream: Upstream) -> tuple[bytes | None, Upstream]:
         return await upstream.read_all(), upstream
     except UpstreamError as cut:
         try:
-            again = await proxy.upstream_open(
-                payload=upstream.payload,
-                model=upstream.model,
-                session_id=upstream.session_id,
-                avoid={upstream.node_id: CUT_THE_ANSWER},
-                request_id=upstream.request_id,
-            )
+            again = await _elsewhere(upstream, upstream.payload, continuing=False)
         except ProxyError as exc:
             metric_inc(PROXY_MIGRATIONS_FAILED)
             raise UpstreamError(
