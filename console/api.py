@@ -104,6 +104,7 @@ def _bad_input(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 
 from console.api_config import router as config_router  # noqa: E402
+from console.api_logs import router as logs_router  # noqa: E402
 from inference.alerts.api import router as alerts_router  # noqa: E402
 from inference.api import router as inference_router  # noqa: E402
 from inference.loadtests.api import router as loadtests_router  # noqa: E402
@@ -121,4 +122,5 @@ api.add_router("/", loadtests_router)
 api.add_router("/", validation_router)
 api.add_router("/", config_router)
 api.add_router("/", alerts_router)
+api.add_router("/", logs_router)
 api.add_router("/", inference_router)  # /api/sessions, /api/routing/policy

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.lib.access import Role
+from console.lib.log_shipping import ENV_LOGS_URL
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.models import ModelPackage
 from inference.packages.services import package_import_file
@@ -202,16 +203,18 @@ def node_command_now(node_id: str, *, fallback: Path, host_ram_mib: int | None =
     return node_command(node, model_path=path, package=package, host_ram_mib=host_ram_mib)
 
 
-def node_environment(node: Node) -> dict[str, str]:
+def node_environment(node: Node, *, control_plane_url: str = "") -> dict[str, str]:
     """What a local node agent gets beside its command line: its credential and proof key (in
-    the environment, not on the command line, where every local user could read them) and the
-    array's id (reported in its ``/health``)."""
+    the environment, not on the command line, where every local user could read them), the
+    array's id (reported in its ``/health``) and, given, the control plane it ships its log
+    records to (``$PHALANX_LOGS_URL``)."""
     keys = node_keys(node.node_id)
-    return {
+    env = {
         ENV_CREDENTIAL: keys.credential,
         ENV_PROOF_KEY: keys.proof_key,
         "PHALANX_ARRAY_ID": array_id(),
     }
+    return env | ({ENV_LOGS_URL: control_plane_url} if control_plane_url else {})
 
 
 def control_plane_command(

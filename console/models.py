@@ -87,3 +87,27 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+
+class LogRecord(models.Model):
+    """One structured log record of any Phalanx process, kept centrally (``console.lib.log_store``):
+    shipped by the process that wrote it (``console.lib.log_shipping``), trimmed by age and
+    size by the control loop, read on the Logs page and ``GET /api/logs``."""
+
+    time = models.DateTimeField(db_index=True)
+    level = models.CharField(max_length=10)  # debug, info, warning, error, critical
+    levelno = models.PositiveSmallIntegerField(db_index=True)  # logging's number: 10 ... 50
+    process = models.CharField(max_length=40, db_index=True)  # serve, controlloop, runnode ...
+    node_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    session_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    request_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    logger = models.CharField(max_length=128, blank=True, default="")
+    event = models.TextField()  # the message
+    fields = models.JSONField(default=dict, blank=True)  # every other key of the record
+    size = models.PositiveIntegerField(default=0)  # bytes of the record as shipped
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.level.upper()} {self.process}: {self.event}"

@@ -17,6 +17,7 @@ from ninja import Field, Router, Schema
 from console import services
 from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import ConsoleError, Invalid, NotFound
+from console.lib.log_store import records_store
 from inference.models import ModelPackage
 from nodes import joining
 from nodes.models import Node
@@ -260,6 +261,34 @@ def nodes_self(request: HttpRequest, node_id: str) -> NodeSelfOut:
             f"not the credential of node {node_id!r} (revoked, or never this array's)."
         )
     return NodeSelfOut(node_id=node.node_id, address=node.address, state=node.state)
+
+
+class LogsStoredOut(Schema):
+    stored: int = Field(description="records kept")
+    rejected: int = Field(description="lines that were not records (dropped)")
+    problem: str = Field(description="what was wrong with the first rejected line")
+
+
+@router.post(
+    "/nodes/self/logs",
+    response={200: LogsStoredOut},
+    summary="Ship the calling node's log records (JSON lines; node credential)",
+    auth=None,
+)
+def nodes_self_logs(request: HttpRequest, node_id: str) -> LogsStoredOut:
+    """The body: one JSON record a line (``console.lib.logs``' json form), at most the body
+    limit; each record is stamped with ``node_id``. 422 when no line is a record."""
+    node = joining.node_presents_own_credential(
+        node_id=node_id, authorization=request.headers.get("Authorization")
+    )
+    if node is None:
+        raise NodeCredentialRefused(
+            f"not the credential of node {node_id!r} (revoked, or never this array's)."
+        )
+    stored = records_store(request.body.splitlines(), node_id=node.node_id)
+    if stored.rejected and not stored.stored:
+        raise Invalid(f"no log record in the body: {stored.problem}", field="body")
+    return LogsStoredOut(**stored.__dict__)
 
 
 @router.post(

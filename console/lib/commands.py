@@ -2,7 +2,8 @@
 
 A command run against a database that was never migrated (``manage.py loadtest`` before the
 first ``make run``) would stop deep inside a query with ``no such table``; ``ArrayCommand``
-checks first and says what to run instead. Commands that need no database (``runnode``) or that
+checks first and says what to run instead, and ships the command's log records
+(``console.lib.log_shipping``). Commands that need no database (``runnode``) or that
 migrate it themselves (``up``) stay plain ``BaseCommand``s.
 """
 
@@ -13,6 +14,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
+
+from console.lib.log_shipping import ship_from_here, to_database
 
 FIRST_RUN = (
     "run `make run` once (it migrates, registers the bundled model and starts the array), "
@@ -36,10 +39,12 @@ def database_unmigrated(alias: str = DEFAULT_DB_ALIAS) -> str | None:
 
 class ArrayCommand(BaseCommand):
     """``BaseCommand`` that refuses to start, with a ``CommandError`` saying what to run, when
-    the database is not migrated."""
+    the database is not migrated; run as the process's main command, it ships the process's
+    log records to the database (``console.lib.log_shipping``)."""
 
     def execute(self, *args: Any, **options: Any) -> Any:
         problem = database_unmigrated()
         if problem is not None:
             raise CommandError(problem)
+        ship_from_here(self.__module__.rpartition(".")[2], to_database())
         return super().execute(*args, **options)

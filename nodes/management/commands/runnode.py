@@ -15,6 +15,7 @@ import psutil
 from django.core.management.base import BaseCommand, CommandError
 
 from console.lib import logs
+from console.lib.log_shipping import ENV_LOGS_URL, ship_from_here, to_control_plane
 from inference.engine.config import EngineConfig, default_host_ram_mib
 from inference.engine.scheduler import Engine
 from nodes.agent.app import NodeApp
@@ -136,6 +137,23 @@ def join_if_asked(o: dict, say) -> None:
     o["array_id"] = o["array_id"] or array_in_file(path)
 
 
+def ship_node_logs(o: dict, credentials: CredentialCheck) -> None:
+    """Ship this node's log records to its control plane (``console.lib.log_shipping``):
+    ``--join``'s URL, else ``$PHALANX_LOGS_URL`` (``up`` sets it); with neither, the records
+    go to stderr only. What cannot be sent waits in ``$PHALANX_HOME/log-spool/<id>.jsonl``."""
+    from django.conf import settings
+
+    url = o["join"] or os.environ.get(ENV_LOGS_URL, "")
+    if not url:
+        return
+    verify = ssl.create_default_context(cafile=o["join_ca"]) if o["join_ca"] else True
+    deliver = to_control_plane(
+        url, node_id=o["id"], credentials=credentials.credentials, verify=verify
+    )
+    spool = Path(settings.VAR_DIR) / "log-spool" / f"{o['id']}.jsonl"
+    ship_from_here("runnode", deliver, spool=spool)
+
+
 def engine_config(o: dict) -> EngineConfig:
     """The ``EngineConfig`` for runnode's parsed options ``o``; ``CommandError`` for a
     combination llama.cpp refuses. ``--host-ram-mib`` unset: ``default_host_ram_mib``."""
@@ -249,6 +267,7 @@ class Command(BaseCommand):
             credentials = CredentialCheck.from_environment(o["credential_file"])
         except NoCredential as exc:
             raise CommandError(str(exc)) from exc
+        ship_node_logs(o, credentials)
         if o["cpus"]:
             os.sched_setaffinity(0, parse_cpu_set(o["cpus"]))
         config = engine_config(o)

@@ -42,6 +42,7 @@ from console.embedded import (
     restarts_due,
     wait_for_port,
 )
+from console.lib.log_shipping import ship_from_here, to_database
 from inference.engine.config import default_host_ram_mib
 from inference.models import RoutingPolicy
 from nodes.client import probe
@@ -69,9 +70,10 @@ def _raise_stop(signum: int, frame: object) -> None:
         raise _Stop()
 
 
-def _start_nodes(supervisor: Supervisor, result) -> None:
-    """Start a node agent for each node of ``result`` (``array_bootstrap``'s). The nodes share
-    this machine's memory: each gets its part of the default host-RAM share."""
+def _start_nodes(supervisor: Supervisor, result, *, control_plane_url: str) -> None:
+    """Start a node agent for each node of ``result`` (``array_bootstrap``'s), shipping its
+    log records to ``control_plane_url``. The nodes share this machine's memory: each gets
+    its part of the default host-RAM share."""
     budget = default_host_ram_mib(
         psutil.virtual_memory().available, nodes_on_machine=len(result.nodes)
     )
@@ -79,7 +81,7 @@ def _start_nodes(supervisor: Supervisor, result) -> None:
         supervisor.start(
             node.node_id,
             node_command_now(node.node_id, fallback=result.model_path, host_ram_mib=budget),
-            env=node_environment(node),
+            env=node_environment(node, control_plane_url=control_plane_url),
         )
 
 
@@ -189,6 +191,7 @@ class Command(BaseCommand):
                 "or manage.py up --port <port> --node-port <port>"
             )
         call_command("migrate", interactive=False, verbosity=0)
+        ship_from_here("up", to_database())
         try:
             result = array_bootstrap(nodes=options["nodes"], node_base_port=node_port)
         except ValueError as exc:
@@ -204,7 +207,7 @@ class Command(BaseCommand):
                 supervisor, host=host, port=port, replicas=options["replicas"], env=own_url
             )
             supervisor.start("control loop", control_loop_command(), env=own_url)
-            _start_nodes(supervisor, result)
+            _start_nodes(supervisor, result, control_plane_url=own_url["PHALANX_URL"])
             ready = wait_for_port(host, port, timeout=60)
             self._wait_for_nodes(result.nodes, supervisor)
             for line in describe(result):
