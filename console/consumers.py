@@ -158,3 +158,61 @@ class LoadTestConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients only listen; anything they send is ignored."""
+
+
+LOGS_POLL_S = 1.0
+
+
+def _log_records_after(query: Any) -> list[dict[str, Any]]:
+    from django.db import close_old_connections
+
+    from console.lib.log_store import record_out, records_find
+
+    close_old_connections()
+    return [record_out(r) for r in records_find(query)]
+
+
+class LogsConsumer(AsyncJsonWebsocketConsumer):
+    """``/ws/logs/?<filters>&after=<id>``: the live tail of the Logs page. Records are shipped
+    by many processes into the store, so this follows the store (every ``LOGS_POLL_S``).
+
+    Server -> client: ``{"type": "records", "records": [...]}`` (``GET /api/logs``' shape,
+    oldest first) whenever records newer than the last sent match the filters
+    (``console.lib.log_store.query_from``). A filter that cannot be asked: ``{"type":
+    "error", "code": 4422, "message"}`` and close 4422. Auth as ``/ws/live/``."""
+
+    task: asyncio.Task | None = None
+
+    async def connect(self) -> None:
+        from console.lib.errors import ConsoleError
+        from console.lib.log_store import query_from
+
+        await self.accept()
+        if not await _admitted(self):
+            return
+        params = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
+        asked = {k: v[0] for k, v in params.items() if k != "token"}
+        try:
+            query = query_from({**asked, "after": asked.get("after") or "0", "limit": "500"})
+        except ConsoleError as exc:
+            await self.send_json({"type": "error", "code": 4422, "message": exc.message})
+            await self.close(code=4422)
+            return
+        self.task = asyncio.create_task(self._follow(query))
+
+    async def _follow(self, query: Any) -> None:
+        find = sync_to_async(_log_records_after, thread_sensitive=False)
+        while True:
+            records = await find(query)
+            if records:
+                await self.send_json({"type": "records", "records": records})
+                query = type(query)(**{**query.__dict__, "after": records[-1]["id"]})
+            else:
+                await asyncio.sleep(LOGS_POLL_S)
+
+    async def disconnect(self, code: int) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen; anything they send is ignored."""

@@ -10,6 +10,7 @@ from console import (
     config_pages,
     join_pages,
     loadtest_pages,
+    log_pages,
     node_pages,
     package_pages,
     playground_pages,
@@ -89,6 +90,7 @@ urlpatterns = [
     path("config/", config_pages.config, name="config"),
     path("config/phalanx.yaml", config_pages.config_download, name="config_download"),
     path("audit/", config_pages.audit, name="audit"),
+    path("logs/", log_pages.logs, name="logs"),
     path("alerts/", alert_pages.alerts, name="alerts"),
     path(
         "alerts/<int:alert_id>/acknowledge/",

@@ -31,6 +31,7 @@ NAV = [
     ("tokens", "Tokens"),
     ("config", "Config"),
     ("audit", "Audit"),
+    ("logs", "Logs"),
     ("alerts", "Alerts"),
 ]
 

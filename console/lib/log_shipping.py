@@ -306,7 +306,13 @@ def to_control_plane(
 
 # --- this process ----------------------------------------------------------------------------
 
-_running: list[Shipper] = []
+_running: list[ShippingHandler] = []
+
+
+def shipping_handler() -> logging.Handler:
+    """The handler ``LOGGING`` puts on the root logger (``console.lib.logs.logging_config``):
+    this process's ``ShippingHandler`` once it ships, else one that does nothing."""
+    return _running[-1] if _running else logging.NullHandler()
 
 
 def shipping_wanted(command: str) -> bool:
@@ -327,7 +333,8 @@ def ship_from_here(command: str, deliver: Deliver, *, spool: Path | None = None)
     spool_bytes = int(float(os.environ.get(ENV_SPOOL_MIB, "16")) * (1 << 20))
     shipper = Shipper(deliver, spool=Spool(spool, spool_bytes) if spool else None)
     shipper.start()
-    logging.getLogger().addHandler(ShippingHandler(shipper))
-    _running.append(shipper)
+    handler = ShippingHandler(shipper)
+    logging.getLogger().addHandler(handler)
+    _running.append(handler)
     atexit.register(shipper.stop)
     return shipper

@@ -147,12 +147,18 @@ def formatter(kind: str | None = None) -> logging.Formatter:
 
 
 def logging_config(level: str) -> dict[str, Any]:
-    """Django's ``LOGGING``: every record through ``formatter`` to stderr at ``level``."""
+    """Django's ``LOGGING``: every record through ``formatter`` to stderr at ``level``, and to
+    the process's log shipping when it ships."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"phalanx": {"()": formatter}},
-        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "phalanx"}},
-        "root": {"handlers": ["console"], "level": level},
+        "handlers": {
+            "console": {"class": "logging.StreamHandler", "formatter": "phalanx"},
+            # this process's shipping, when it ships (console.lib.log_shipping): kept when
+            # something configures logging again (django.setup() in console.asgi does)
+            "shipping": {"()": "console.lib.log_shipping.shipping_handler"},
+        },
+        "root": {"handlers": ["console", "shipping"], "level": level},
         "loggers": {"httpx": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
     }

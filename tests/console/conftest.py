@@ -251,8 +251,10 @@ def array(tmp_path_factory) -> Iterator[BrowserArray]:
 
 @pytest.fixture(scope="module")
 def agent(array, tmp_path_factory) -> Iterator[Proc]:
-    """A real node agent with the bundled model (not registered: tests register it)."""
-    proc = start_node(NODE_ID, tmp_path_factory.mktemp("node-logs"))
+    """A real node agent with the bundled model (not registered: tests register it), shipping
+    its log records to the array."""
+    ships = {**(array.env or {}), "PHALANX_LOGS_URL": array.url}
+    proc = start_node(NODE_ID, tmp_path_factory.mktemp("node-logs"), env=ships)
     yield proc
     proc.stop()
 

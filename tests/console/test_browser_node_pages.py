@@ -8,10 +8,13 @@ its charts and the Utilization page's keep drawing. Screenshots go to
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 from playwright import sync_api as playwright_sync
 
+from nodes.credentials import node_credential, node_secret
 from tests.console.conftest import DRAWN_POINTS, NODE_ID, browser_marks, shot
 from tests.support.serving_array import PACKAGE
 
@@ -127,3 +130,35 @@ def test_it_keeps_a_viewer_from_draining(page_as, array, healthy_node):
     assert api_status == 403
     assert array.api("GET", f"/nodes/{healthy_node}").json()["state"] == "up"
     shot(page, "node-viewer")
+
+
+def test_a_turns_lines_on_the_control_plane_and_the_node_share_its_request_id(
+    page_as, array, healthy_node
+):
+    request_id = f"logs-{uuid.uuid4().hex[:12]}"
+    answer = httpx.post(
+        f"{array.url}/v1/chat/completions",
+        json={"model": PACKAGE, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {array.token}", "X-Request-Id": request_id},
+        timeout=120,
+    )
+    assert answer.status_code == 200 and answer.headers["x-request-id"] == request_id
+    page = page_as("viewer")
+    page.goto(f"{array.url}/logs/")
+    page.fill("input[name=request_id]", request_id)
+    page.click("#log-filters button")
+    page.check("#log-tail")  # the records arrive within about a second of the turn
+    rows = page.locator("#log-records tbody tr")
+    proxy_line = rows.filter(has_text="answer closed")
+    node_line = rows.filter(has_text="chat answered")
+    playwright_sync.expect(proxy_line).to_contain_text("serve", timeout=30_000)
+    playwright_sync.expect(node_line).to_contain_text("runnode", timeout=30_000)
+    for line in (proxy_line, node_line):
+        playwright_sync.expect(line).to_contain_text(request_id)
+        playwright_sync.expect(line).to_contain_text(healthy_node)
+    shot(page, "logs")
+    # and no secret is in any record any process shipped
+    export = array.api("GET", "/logs?format=jsonl").text
+    assert request_id in export and "runnode" in export
+    for secret in (array.token, node_credential(healthy_node), node_secret()):
+        assert secret not in export

@@ -92,11 +92,13 @@ def start_node(
     extra_args: list[str] | None = None,
     wait: bool = True,
     credential: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Proc:
     """Start ``manage.py runnode`` with the bundled model; returns when it is healthy.
 
     The node accepts ``credential`` (default: what this process's control plane presents to
-    ``node_id``, ``nodes.credentials.node_credential``); ``proc.headers`` carries it."""
+    ``node_id``, ``nodes.credentials.node_credential``); ``proc.headers`` carries it. ``env``:
+    more of its environment (``PHALANX_LOGS_URL`` to ship its log records)."""
     from nodes.agent.auth import ENV_CREDENTIAL
     from nodes.credentials import array_id, node_credential
 
@@ -119,7 +121,7 @@ def start_node(
         *(["--cpus", cpus] if cpus else []),
         *(extra_args or []),
     ]
-    env = {ENV_CREDENTIAL: credential, "PHALANX_ARRAY_ID": array_id()}
+    env = {ENV_CREDENTIAL: credential, "PHALANX_ARRAY_ID": array_id(), **(env or {})}
     proc = spawn(args, log_dir / f"{node_id}.log", env=env)
     proc.url = f"http://{host}:{port}"
     proc.headers = {"Authorization": f"Bearer {credential}"}
