@@ -23,12 +23,22 @@ TOKEN = "bench-token"
 
 
 class ControlPlane:
-    def __init__(self, nodes: dict[str, str], log_dir: Path, *, policy: dict | None = None) -> None:
-        self.home = Path(tempfile.mkdtemp(prefix="phalanx-home-"))
+    def __init__(
+        self,
+        nodes: dict[str, str],
+        log_dir: Path,
+        *,
+        policy: dict | None = None,
+        env: dict[str, str] | None = None,
+        home: Path | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.home = home or Path(tempfile.mkdtemp(prefix="phalanx-home-"))
         self.env = {
             "PHALANX_HOME": str(self.home),
             "PHALANX_API_TOKEN": TOKEN,
             "DJANGO_SETTINGS_MODULE": "console.settings",
+            **(env or {}),
         }
         repo = Path(__file__).resolve().parents[1]
         setup = (
@@ -55,7 +65,7 @@ class ControlPlane:
             env={**os.environ, **self.env},
             check=True,
         )
-        port = free_port()
+        port = port or free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.headers = {"Authorization": f"Bearer {TOKEN}"}
         self.loop = spawn(

@@ -31,6 +31,7 @@ class FakeNode:
     )
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnects: int = 0
+    connections: int = 0  # TCP connections accepted
     # device validation (docs/node-protocol.md): /health's "device" block when set, and the
     # report a run ends with (None: the node does not validate, 404)
     device: dict[str, Any] | None = None
@@ -80,6 +81,10 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:  # one handler per accepted connection
+        super().setup()
+        self.node.connections += 1
 
     def _json(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()

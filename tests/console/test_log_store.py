@@ -20,6 +20,13 @@ pytestmark = pytest.mark.django_db
 CREDENTIAL_LIKE = "phx2." + "cd34" * 16
 
 
+@pytest.fixture(autouse=True)
+def empty_store() -> None:
+    """Job processes that earlier tests started on this database shipped records of their
+    own (committed by them, outside any test's transaction): each test starts without."""
+    LogRecord.objects.all().delete()
+
+
 def line(event: str, **fields) -> str:
     return json.dumps({"event": event, "level": "info", "process": "runnode", **fields})
 

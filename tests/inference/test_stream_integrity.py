@@ -119,6 +119,16 @@ async def test_nothing_a_node_sends_after_done_reaches_the_client(fakes, auth):
     assert (await Node.objects.aget(node_id="node-01")).consecutive_failures == 0
 
 
+@pytest.mark.parametrize("shape", ["ok", "after_done"])
+async def test_turns_after_a_whole_answer_reuse_the_connection_to_the_node(fakes, auth, shape):
+    await only_node_01_serves(fakes)
+    fakes["node-01"].shape = shape
+    for turn in range(3):
+        response = await post(auth, "reusing", stream=True, content=f"turn {turn}")
+        assert data_events(await text_of(response))[-1] == "[DONE]"
+    assert len(fakes["node-01"].requests) == 3 and fakes["node-01"].connections == 1
+
+
 async def test_a_cut_answer_moves_its_session_and_the_next_turn_stays(fakes, auth):
     await only_node_01_serves(fakes)
     fakes["node-01"].shape = "no_finish"
