@@ -18,6 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # Nodes started here and the control plane started here derive the same node credentials
 # (nodes.credentials) from one secret for this run.
 os.environ.setdefault("PHALANX_NODE_SECRET", secrets.token_hex(16))
+# Nodes keep no shared prefixes on disk unless a benchmark gives them a shelf
+# (bench/warm_start.py): a prefix an earlier run saved would warm this run's first turns.
+os.environ.setdefault("PHALANX_PREFIX_DIR", "")
 
 from tests.support.processes import (  # noqa: E402
     Proc,

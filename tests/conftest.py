@@ -12,6 +12,9 @@ import pytest
 # One node secret for this run: node agents the tests start and every control plane they start
 # (in this process or as children, under any PHALANX_HOME) derive the same node credentials.
 os.environ.setdefault("PHALANX_NODE_SECRET", f"tests-{secrets.token_hex(8)}")
+# Node agents the tests start keep no shared prefixes on disk (a prefix one test's node saved
+# would warm another test's first turn); a test of warm starts gives its node a shelf.
+os.environ.setdefault("PHALANX_PREFIX_DIR", "")
 
 
 @pytest.fixture(autouse=True)

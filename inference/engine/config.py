@@ -44,3 +44,7 @@ class EngineConfig:
     speculate: str = "auto"
     # drafts only while a step decodes at most this many tokens (requests' own plus drafts)
     draft_batch_limit: int = 8
+    # warm starts (inference.engine.warm): lock the model in RAM where permitted, and keep
+    # shared prefixes' KV in a shelf under this directory ("": none kept)
+    mlock: bool = True
+    prefix_dir: str = ""

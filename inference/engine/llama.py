@@ -187,14 +187,21 @@ class LlamaModel:
     Raises ``LlamaError`` when the file cannot be loaded.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, mlock: bool = False) -> None:
         _init_backend()
         params = C.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_mlock = mlock
         self.path = path
-        self.ptr = C.llama_model_load_from_file(path.encode(), params)
+        lines: list[str] = []
+        with capture_log(lines.append):
+            self.ptr = C.llama_model_load_from_file(path.encode(), params)
         if not self.ptr:
             raise LlamaError(f"cannot load model {path}")
+        # llama.cpp goes on without the lock when mlock fails, and says so in its log
+        refused = [line.strip() for line in lines if "mlock" in line and "fail" in line]
+        self.locked = mlock and not refused
+        self.lock_refused = refused[0] if mlock and refused else ""
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, replace
 from typing import Any
 
-from inference.engine import kv_blob, kv_layout
+from inference.engine import kv_blob, kv_layout, warm
 from inference.engine.config import EngineConfig
 from inference.engine.decode_step import DecodeStep
 from inference.engine.host_store import HostStore
@@ -63,6 +64,8 @@ class Engine(DecodeStep):
         self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
         self.drafting = False  # decided at load
         self.kv_layout: kv_layout.LayoutChoice | None = None  # set at load when measured
+        self.prefixes: warm.PrefixKeeper | None = None  # the shelf of shared prefixes
+        self.warm: dict[str, Any] = {}  # how the start went (_warm_start): /health's "warm"
 
     # Public API (any thread) ------------------------------------------------------------
 
@@ -143,7 +146,8 @@ class Engine(DecodeStep):
 
     def _load(self) -> None:
         cfg = self.config
-        self.model = LlamaModel(cfg.model_path)
+        refusal = warm.mlock_refusal(os.path.getsize(cfg.model_path)) if cfg.mlock else "off"
+        self.model = LlamaModel(cfg.model_path, mlock=not refusal)
         shape = ContextShape(
             cfg.sequences,
             cfg.ctx_per_seq,
@@ -157,12 +161,14 @@ class Engine(DecodeStep):
             shape = replace(shape, kv_unified=self._measured_layout(shape))
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
+        self.prefixes = warm.PrefixKeeper(self._shelf(), self.ctx, cfg.ctx_per_seq - 1)
         self.table = SequenceTable(
             self.ctx,
             cfg.sequences,
             host,
             prefix_reuse=cfg.prefix_reuse,
             prefill_speed=lambda: self.stats.prefill_speed.value,
+            on_shared=self.prefixes.shared,
         )
         self.kv_bytes_per_token = self.model.kv_bytes_per_token(cfg.kv_type)
         if cfg.speculate != "off" and cfg.draft_batch_limit:
@@ -171,6 +177,30 @@ class Engine(DecodeStep):
             cfg.speculate == "on"
             or (cfg.speculate == "auto" and self.draft_step_cost <= DRAFT_MAX_STEP_COST)
         )
+        self._warm_start(refusal)
+
+    def _shelf(self) -> warm.PrefixShelf | None:
+        cfg = self.config
+        if not cfg.prefix_dir or not cfg.prefix_reuse:
+            return None
+        flash = self.ctx.settings.flash_attn if self.ctx.settings else cfg.flash_attn
+        where = warm.shelf_dir(
+            cfg.prefix_dir, cfg.model_path, kv_type=cfg.kv_type, flash_attn=str(flash)
+        )
+        return warm.PrefixShelf(where)
+
+    def _warm_start(self, mlock_refusal: str) -> None:
+        """Before the node says it is ready: a warm-up decode, then the saved shared prefixes
+        into free sequences (half of them at most: the rest stay free for sessions)."""
+        token = self.model.tokenize("The")[-1]
+        took = warm.warm_up_ms(self.ctx, token, self.config.sequences - 1)
+        loaded = self.prefixes.load(self.table.sequences, max(1, self.config.sequences // 2))
+        self.warm = {
+            "resident": "mlock" if self.model.locked else "mmap",
+            "mlock_refused": self.model.lock_refused or mlock_refusal,
+            "warmup_ms": round(took, 1),
+            "prefixes_loaded": loaded,
+        }
 
     def _measured_layout(self, shape: ContextShape) -> bool:
         """Whether a unified KV buffer decodes faster here (``kv_layout``); one stream per
@@ -231,6 +261,8 @@ class Engine(DecodeStep):
     def _shutdown(self) -> None:
         for req in list(self._active):
             self._finish(req, "cancelled")
+        if self.prefixes:
+            self.prefixes.close()  # prefix files being written are finished
         if self.ctx:
             self.ctx.close()
         if self.model:
@@ -355,6 +387,8 @@ class Engine(DecodeStep):
             "prefill_tokens_per_second": s.prefill_rate.rate(now),
             "decode_tokens_per_second": s.decode_rate.rate(now),
             "prefill_speed_tokens_per_second": s.prefill_speed.value,
+            "warm": self.warm,
+            "prefixes_saved_total": self.prefixes.saved if self.prefixes else 0,
         }
 
     def slots(self) -> list[dict[str, Any]]:

@@ -61,6 +61,7 @@ class SequenceTable:
         prefix_reuse: bool = True,
         clock: Callable[[], float] = time.monotonic,
         prefill_speed: Callable[[], float] = lambda: 0.0,
+        on_shared: Callable[[Sequence, int], None] | None = None,
     ) -> None:
         self.kv = kv
         self.sequences = [Sequence(seq_id=i) for i in range(count)]
@@ -71,6 +72,8 @@ class SequenceTable:
         self.restore_speed = 0.0  # bytes/s copied back from host RAM (moving average; 0: unknown)
         self.restores_skipped = 0
         self.restores_failed = 0  # refused by llama.cpp; the prompt was prefilled instead
+        # called when a sequence was given cells shared from another (warm.PrefixKeeper)
+        self.on_shared = on_shared
 
     def resident(self, session_id: str) -> Sequence | None:
         for seq in self.sequences:
@@ -131,6 +134,8 @@ class SequenceTable:
         self.kv.seq_truncate(seq.seq_id, 0)
         self.kv.seq_share(donor.seq_id, seq.seq_id, shared)
         seq.tokens[:] = prompt[:shared]
+        if self.on_shared is not None:
+            self.on_shared(seq, shared)
         return shared
 
     def cached_prefix(self, session_id: str | None, prompt: list[int]) -> int:

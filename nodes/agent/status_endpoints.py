@@ -51,6 +51,7 @@ class StatusEndpoints(NodeState):
                 "kv": snap["kv_settings"],
                 "kv_layout": snap["kv_layout"],
                 "host_ram_budget_bytes": snap["host_ram_budget_bytes"],
+                "warm": snap["warm"],
                 "chat_template": self._template_status(),
                 "device": self.devices.health() if self.devices else None,
             },

@@ -179,7 +179,15 @@ def engine_config(o: dict) -> EngineConfig:
         kv_type=o["kv_type"],
         flash_attn=o["flash_attn"],
         speculate=o["speculate"],
+        prefix_dir=_default_prefix_dir() if o.get("prefix_dir") is None else o["prefix_dir"],
     )
+
+
+def _default_prefix_dir() -> str:
+    """``$PHALANX_PREFIX_DIR`` when set ('' keeps none), else ``$PHALANX_HOME/prefix-cache``."""
+    from django.conf import settings
+
+    return os.environ.get("PHALANX_PREFIX_DIR", str(Path(settings.VAR_DIR) / "prefix-cache"))
 
 
 def add_join_arguments(parser) -> None:
@@ -249,6 +257,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--no-prefix-reuse", action="store_true", help="prefill every turn (benchmarks)"
+        )
+        parser.add_argument(
+            "--prefix-dir",
+            default=None,
+            help="where shared prefixes' KV is kept for warm restarts (default "
+            "$PHALANX_PREFIX_DIR, else $PHALANX_HOME/prefix-cache; '' keeps none)",
         )
         add_join_arguments(parser)
 
