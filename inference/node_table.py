@@ -143,6 +143,7 @@ def _view(
         inflight=inflight.get(node["node_id"], 0),
         prefill_speed=_number(seen, "prefill_speed"),
         package_id=node["package_id"],
+        prefixes=frozenset((seen or {}).get("prefixes") or ()),
     )
 
 

@@ -27,6 +27,7 @@ from console.lib import logs
 from console.lib.bare_http import db_thread
 from console.lib.metrics import metric_inc
 from inference import lookups, services
+from inference.agent_prefix import agent_fingerprint
 from inference.control_plane_metrics import PROXY_RETRIES
 from inference.deadlines import FirstByteDeadline, first_byte_deadline, uncached_prompt_chars
 from inference.errors import ArrayFull, NoHealthyNode
@@ -98,6 +99,7 @@ async def _route(
     new_turn: bool,
     policy: RoutingPolicy,
     continuing: bool = False,
+    prefix: str | None = None,
 ) -> tuple[services.RouteTarget, Any]:
     """Decide the node for one attempt (``continuing``: an answer cut on another node goes on,
     so external servers, which cannot continue an assistant message, are kept out) and hold its record in ``route_writer``'s ledger;
@@ -122,6 +124,7 @@ async def _route(
         exclude=exclude,
         new_turn=new_turn,
         rollout=rollout,
+        prefix=prefix,
     )
     target = _claimed(plan, row, exclude, plan(row=row), table)
     held = route_writer.hold(target.record) if target.record is not None else None
@@ -294,6 +297,7 @@ async def upstream_open(
             new_turn=attempt == 0,
             policy=policy,
             continuing=continuing,
+            prefix=agent_fingerprint(payload.get("messages"), payload.get("tools")),
         )
         upstream = await _attempt(
             target,

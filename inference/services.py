@@ -137,6 +137,7 @@ def route_plan(
     new_turn: bool = True,
     now: datetime | None = None,
     rollout: Rollout | None = None,
+    prefix: str | None = None,
 ) -> RouteTarget:
     """Decide where a request for ``model`` (a client-facing name: ``model_names``) goes,
     without touching the database.
@@ -147,7 +148,8 @@ def route_plan(
 
     ``row`` is the session's route (``route_read``, None for a new session), ``table`` the
     inventory (``nodes_for_routing``); ``exclude`` maps node ids that failed this request to a
-    reason. Without ``session_id`` the request is routed by load and nothing is to be recorded;
+    reason; ``prefix`` the request's agent (``inference.agent_prefix``), which a placement
+    prefers a node holding. Without ``session_id`` the request is routed by load and nothing is to be recorded;
     with one, ``RouteTarget.record`` is the change for ``route_record``. A pin idle for longer
     than ``policy.session_idle_release_s`` is released first; ``new_turn`` False marks a retry
     of the same request (``turns`` is not counted again).
@@ -158,7 +160,12 @@ def route_plan(
     retry_after = max(1, round(policy.health_interval_s))
     if session_id is None:
         decision = _decide(
-            table.views, model=model, exclude=exclude, limits=limits, retry_after=retry_after
+            table.views,
+            model=model,
+            exclude=exclude,
+            limits=limits,
+            retry_after=retry_after,
+            prefix=prefix,
         )
         return _target(table, decision, model)
     now = now or timezone.now()
@@ -175,6 +182,7 @@ def route_plan(
         pin=pin,
         idle_release_s=policy.session_idle_release_s,
         version=version,
+        prefix=prefix,
     )
     decision = plan.decision
     record = _route_write(session_id, row, plan, pin, table, new_turn=new_turn, at=now)
@@ -359,13 +367,16 @@ def _decide(
     pin: SessionPin | None = None,
     idle_release_s: float = 0.0,
     version: int | None = None,
+    prefix: str | None = None,
 ) -> Any:
     """``route_session`` for a session (``pin`` given, returns a ``SessionPlan``), else
     ``route_request`` without a session (a ``Decision``); routing's refusals become the
     proxy's 503 / 429."""
     try:
         if pin is None:
-            return route_request(nodes, model=model, session=False, exclude=exclude, limits=limits)
+            return route_request(
+                nodes, model=model, session=False, exclude=exclude, limits=limits, prefix=prefix
+            )
         return route_session(
             nodes,
             model=model,
@@ -374,6 +385,7 @@ def _decide(
             exclude=exclude,
             limits=limits,
             version=version,
+            prefix=prefix,
         )
     except NoNodeAvailable as exc:
         raise NoHealthyNode(str(exc), retry_after=retry_after) from exc

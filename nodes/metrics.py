@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from nodes.agent.metrics import (
     FAILED_REQUESTS_TOTAL,
@@ -65,10 +66,11 @@ def _get(samples: dict[str, float], key: str) -> float | None:
     return value
 
 
-def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
+def load_from_metrics(samples: dict[str, float]) -> dict[str, Any]:
     """Summarise a node's samples: ``{"load", "active", "queue", "total", "busy", "kv_used",
     "kv_capacity", "requests", "prefill_speed", "host_ram", "host_ram_budget", "failed",
-    "tool_parse_failures", "ttft_p95", "restores_skipped", "restored"}`` (counts;
+    "tool_parse_failures", "ttft_p95", "restores_skipped", "restored", "prefixes"}`` (counts;
+    ``prefixes`` the fingerprints of the agents whose prefix it holds, ``inference.agent_prefix``;
     ``host_ram*`` bytes of idle sessions' KV kept in host RAM, and its budget; ``load`` unitless; ``requests`` is
     the node's ``phalanx_node_requests_total``, used to tell an idle node for canaries;
     ``prefill_speed`` prompt tokens/s, None until measured, for first-byte deadlines).
@@ -105,7 +107,11 @@ def load_from_metrics(samples: dict[str, float]) -> dict[str, float | None]:
         "ttft_p95": _finite(_get(samples, TTFT_P95_SECONDS)),
         "restores_skipped": _get(samples, "phalanx_node_restores_skipped_total"),
         "restored": _get(samples, "phalanx_node_restored_from_host_total"),
+        "prefixes": sorted(_AGENT.findall("\n".join(samples))),
     }
+
+
+_AGENT = re.compile(r'^phalanx_node_agent_prefix\{agent="([0-9a-f]{1,64})"\}$', re.M)
 
 
 def _finite(value: float | None) -> float | None:

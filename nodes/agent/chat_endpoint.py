@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.lib import logs
+from inference.agent_prefix import agent_fingerprint
 from inference.chat_request import decode_json, parse_chat_request
 from inference.engine.request import Failed, Finished, QueueFull, TextDelta
 from inference.engine.scheduler import Engine
@@ -88,7 +89,8 @@ class ChatEndpoint(NodeState):
     ) -> None:
         identity, engine = serving.identity, serving.engine
         try:
-            chat = parse_chat_request(_with_default_model(decode_json(raw), identity.package))
+            body = decode_json(raw)
+            chat = parse_chat_request(_with_default_model(body, identity.package))
             if chat.model != identity.package:
                 raise BadRequest(
                     f"model {chat.model!r} is not served by this node "
@@ -108,6 +110,8 @@ class ChatEndpoint(NodeState):
             return await self._error(send, status, exc.message, code=exc.code, param=exc.param)
         except QueueFull as exc:
             return await self._error(send, 503, str(exc), code="queue_full", retry=True)
+        if serving.outcomes is not None:  # its prefix is in this node's KV from now on
+            serving.outcomes.served_agent(agent_fingerprint(body["messages"], body.get("tools")))
         watcher = watch_disconnect(receive, lambda: engine.cancel(generation.request))
         try:
             if chat.stream:

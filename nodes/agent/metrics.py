@@ -168,6 +168,15 @@ def prometheus_text(node_id: str, snapshot: dict[str, Any]) -> str:
             f'phalanx_node_sequences{{{label},state="{state}"}} {snapshot.get("sequences_" + state, 0)}'
         )
     lines += [
+        "# HELP phalanx_node_agent_prefix Agents served last (their prefix KV is held here).",
+        "# TYPE phalanx_node_agent_prefix gauge",
+    ]
+    lines += [
+        f'phalanx_node_agent_prefix{{{label},agent="{agent}"}} 1'
+        for agent in snapshot.get("agents") or ()
+        if agent.isalnum()
+    ]
+    lines += [
         "# HELP phalanx_node_ready 1 once the model is loaded.",
         "# TYPE phalanx_node_ready gauge",
         f"phalanx_node_ready{{{label}}} {1 if snapshot.get('ready') else 0}",

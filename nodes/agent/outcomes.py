@@ -1,5 +1,6 @@
 """What the node's chat requests came to, for its metrics: failures, tool calls that did not
-parse, and the time to first token of the recent ones. A rolling upgrade compares these
+parse, the time to first token of the recent ones, and the agents it served last (their
+prefixes are in its KV: ``inference.agent_prefix``). A rolling upgrade compares these
 between the old and the new package version while it bakes (inference/upgrades)."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from typing import Any
+
+from inference.agent_prefix import RecentAgents
 
 TTFT_WINDOW = 256  # the P95 is over the last this many requests
 
@@ -19,6 +22,12 @@ class Outcomes:
         self.failed_total = 0
         self.tool_parse_failures_total = 0
         self._ttft_ms: deque[float] = deque(maxlen=TTFT_WINDOW)
+        self._agents = RecentAgents()
+
+    def served_agent(self, fingerprint: str | None) -> None:
+        """A request of the agent ``fingerprint`` (``agent_fingerprint``) was taken."""
+        with self._lock:
+            self._agents.note(fingerprint)
 
     def record(
         self, *, failed: bool = False, ttft_ms: float | None = None, tool_broken: bool = False
@@ -39,6 +48,7 @@ class Outcomes:
                 "tool_parse_failures_total": self.tool_parse_failures_total,
                 "ttft_p95_seconds": percentile(window, 0.95) / 1000 if window else None,
                 "ttft_samples": len(window),
+                "agents": self._agents.published(),
             }
 
 

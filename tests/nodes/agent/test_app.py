@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from inference.agent_prefix import agent_fingerprint
 from nodes.agent.app import ROUTES
 from nodes.agent.auth import ENV_CREDENTIAL, CredentialCheck
 from tests.support.processes import spawn, start_node
@@ -448,3 +449,12 @@ def test_every_log_line_of_a_chat_names_its_request_session_node_and_package(nod
         assert field in lines[-1], lines[-1]
     refused = chat(node, body, **{"X-Request-Id": "no spaces allowed"})
     assert refused.status_code == 400 and "X-Request-Id must be" in refused.text
+
+
+def test_it_publishes_the_agents_it_served(node) -> None:
+    system = {"role": "system", "content": "You are the agent that publishes its prefix."}
+    body = {"messages": [system, {"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert chat(node, body).status_code == 200
+    metrics = httpx.get(f"{node.url}/metrics", headers=node.headers).text
+    agent = agent_fingerprint([system])
+    assert f'phalanx_node_agent_prefix{{node="node-t1",agent="{agent}"}} 1' in metrics
