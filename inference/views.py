@@ -1,4 +1,5 @@
-"""The OpenAI-compatible proxy: ``POST /v1/chat/completions`` and ``GET /v1/models``.
+"""The OpenAI-compatible proxy: ``POST /v1/chat/completions``, ``GET /v1/models`` and
+``POST /v1/embeddings`` (served by the control plane itself).
 
 Thin async views: authenticate, validate, hand to ``inference.proxy``, translate domain errors
 (``inference.errors.ProxyError``) into OpenAI-shaped JSON errors.
@@ -6,8 +7,10 @@ Thin async views: authenticate, validate, hand to ``inference.proxy``, translate
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -25,6 +28,8 @@ from inference.request_checks import (
     request_id,
     session_key,
 )
+from inference.semcache.embeddings_request import check_embeddings_body, embeddings_body
+from inference.semcache.encoder import shared_encoder
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"
@@ -152,6 +157,23 @@ async def models_list(request: HttpRequest) -> HttpResponse:
         if model.up
     ]
     return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    """OpenAI's ``POST /v1/embeddings`` with the array's sentence encoder
+    (``inference.semcache.encoder``; ``model`` ``all-minilm-l6-v2``). Same token as chat."""
+    try:
+        if request.method != "POST":
+            raise MethodNotAllowed("Use POST for /v1/embeddings.")
+        await _authenticate(request)
+        asked = check_embeddings_body(parse_json_object(request.body))
+        encoder = await asyncio.to_thread(shared_encoder, settings.MODEL_DIR / "embeddings")
+        vectors = await asyncio.to_thread(encoder.embed, asked.texts)
+        tokens = await asyncio.to_thread(encoder.count_tokens, asked.texts)
+    except ProxyError as exc:
+        return error_response(exc)
+    return JsonResponse(embeddings_body(vectors, base64_encoded=asked.base64, tokens=tokens))
 
 
 async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:

@@ -1,0 +1,81 @@
+"""``POST /v1/embeddings``' request, checked where it enters (OpenAI's shape: ``input`` a
+string or a list of strings, ``model``, ``encoding_format`` float or base64, ``dimensions``).
+No Django here."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inference.errors import BadRequest, UnknownModel
+from inference.semcache.encoder import DIMENSIONS, MODEL_NAME
+
+MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
+MAX_INPUT_CHARS = 32768  # a text past this is refused, not silently cut
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    texts: list[str]
+    base64: bool
+
+
+def check_embeddings_body(body: dict[str, Any]) -> EmbeddingsRequest:
+    """The request ``body`` asks for; ``BadRequest`` (400) naming the field that is wrong,
+    ``UnknownModel`` (404) for a model other than ``MODEL_NAME``."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model: required, a string", param="model")
+    if model != MODEL_NAME:
+        raise UnknownModel(
+            f"The embedding model {model!r} does not exist; this array serves {MODEL_NAME!r}.",
+            param="model",
+        )
+    texts = _texts(body.get("input"))
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise BadRequest("encoding_format: must be float or base64", param="encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and dimensions != DIMENSIONS:
+        raise BadRequest(
+            f"dimensions: {MODEL_NAME} gives {DIMENSIONS} (it cannot shorten its vectors)",
+            param="dimensions",
+        )
+    return EmbeddingsRequest(texts=texts, base64=encoding == "base64")
+
+
+def _texts(value: Any) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts:
+        raise BadRequest("input: a string or a non-empty list of strings", param="input")
+    if len(texts) > MAX_INPUTS:
+        raise BadRequest(f"input: at most {MAX_INPUTS} texts a request", param="input")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BadRequest(
+                f"input[{i}]: a string (token arrays are not taken: send the text)",
+                param="input",
+            )
+        if not text.strip():
+            raise BadRequest(f"input[{i}]: empty text", param="input")
+        if len(text) > MAX_INPUT_CHARS:
+            raise BadRequest(f"input[{i}]: longer than {MAX_INPUT_CHARS} characters", param="input")
+    return texts
+
+
+def embeddings_body(vectors: np.ndarray, *, base64_encoded: bool, tokens: int) -> dict[str, Any]:
+    """OpenAI's answer: ``{"object": "list", "data": [{"object": "embedding", "index",
+    "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}``; base64: the
+    float32 little-endian bytes, as OpenAI encodes them."""
+    data = []
+    for i, row in enumerate(vectors):
+        if base64_encoded:
+            embedding: Any = base64.b64encode(row.astype("<f4").tobytes()).decode()
+        else:
+            embedding = [round(float(x), 7) for x in row]
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": MODEL_NAME, "usage": usage}
