@@ -1,7 +1,8 @@
 """How precise a semantic-cache hit is, measured on our labelled pairs
 (``labelled_pairs.yaml``: paraphrases that should hit, near-misses that must not).
 
-For each namespace, ``operating_point`` picks the lowest similarity threshold at which the
+For each namespace, ``operating_point`` picks the lowest similarity threshold (never below
+``SIMILARITY_FLOOR``) at which the
 hits served (similarity at least the threshold, and, with the guard, ``guard.disagreement``
 empty) are at least ``TARGET_PRECISION`` paraphrases, and reports the hit rate on the
 paraphrases and the false-hit rate on the near-misses with a 95 % Wilson interval. The same
@@ -21,6 +22,9 @@ from inference.semcache.guard import disagreement
 
 PAIRS = Path(__file__).with_name("labelled_pairs.yaml")
 TARGET_PRECISION = 0.99
+# no threshold below this, whatever the set allows: the set holds near-misses, not unrelated
+# requests, and two unrelated requests with nothing for the check to compare can meet lower
+SIMILARITY_FLOOR = 0.75
 KINDS = ("paraphrase", "entity", "number", "date", "negation", "antonym", "unit")
 
 
@@ -88,7 +92,8 @@ def operating_point(
     mine = [r for r in rows if r[0].namespace == namespace]
     same = sum(1 for p, _, _ in mine if p.same)
     near = len(mine) - same
-    for threshold in sorted({round(s, 4) for _, s, _ in mine} | {1.0}):
+    candidates = {round(s, 4) for _, s, _ in mine if s >= SIMILARITY_FLOOR}
+    for threshold in sorted(candidates | {SIMILARITY_FLOOR, 1.0}):
         served = [p for p, s, ok in mine if s >= threshold and (ok or not guarded)]
         hits = sum(1 for p in served if p.same)
         false = len(served) - hits
