@@ -9,6 +9,7 @@ from django.conf import settings
 
 from inference.semcache.encoder import shared_encoder
 from inference.semcache.precision import (
+    PAIRS,
     TARGET_PRECISION,
     labelled_pairs,
     operating_point,
@@ -47,3 +48,17 @@ def test_a_reversal_scores_above_the_threshold_a_paraphrase_needs(rows) -> None:
 def test_the_wilson_interval_of_no_false_hit_in_99_is_under_4_percent() -> None:
     low, high = wilson(0, 99)
     assert low == 0.0 and 0.037 < high < 0.038
+
+
+def test_the_held_out_pairs_written_blind_to_the_check_get_no_false_hit(rows) -> None:
+    held = scored(
+        labelled_pairs(PAIRS.with_name("labelled_pairs_holdout.yaml")),
+        shared_encoder(settings.MODEL_DIR / "embeddings").embed,
+    )
+    for namespace in ("answers", "tools"):
+        threshold = operating_point(rows, namespace).threshold
+        served = [p for p, s, ok in held if p.namespace == namespace and s >= threshold and ok]
+        assert all(p.same for p in served), [p for p in served if not p.same]
+        assert sum(p.same for p in served) >= 0.7 * sum(
+            p.same for p, _, _ in held if p.namespace == namespace
+        )
