@@ -122,4 +122,5 @@ def test_the_apps_register_their_kinds_and_periodic_work():
         "upload sweep",
         "alerts",
         "alert webhooks",
+        "log retention",
     }
