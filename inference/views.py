@@ -168,12 +168,33 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
             raise MethodNotAllowed("Use POST for /v1/embeddings.")
         await _authenticate(request)
         asked = check_embeddings_body(parse_json_object(request.body))
-        encoder = await asyncio.to_thread(shared_encoder, settings.MODEL_DIR / "embeddings")
-        vectors = await asyncio.to_thread(encoder.embed, asked.texts)
-        tokens = await asyncio.to_thread(encoder.count_tokens, asked.texts)
+        vectors, tokens = await _embedded(asked.texts)
     except ProxyError as exc:
         return error_response(exc)
     return JsonResponse(embeddings_body(vectors, base64_encoded=asked.base64, tokens=tokens))
+
+
+EMBEDDING_SLOTS = 2  # requests a process embeds at once; more get 503 with Retry-After
+_embedding: list[int] = [0]
+
+
+async def _embedded(texts: list[str]) -> tuple[Any, int]:
+    """(vectors, tokens) of ``texts``, at most ``EMBEDDING_SLOTS`` requests at a time (the
+    encoder takes CPU the proxy needs); ``ProxyError`` 503 when they are taken."""
+    if _embedding[0] >= EMBEDDING_SLOTS:
+        raise ProxyError(
+            "The encoder is busy with other requests; retry shortly.",
+            code="embeddings_busy",
+            status=503,
+            retry_after=1,
+        )
+    _embedding[0] += 1
+    try:
+        encoder = await asyncio.to_thread(shared_encoder, settings.MODEL_DIR / "embeddings")
+        vectors = await asyncio.to_thread(encoder.embed, texts)
+        return vectors, await asyncio.to_thread(encoder.count_tokens, texts)
+    finally:
+        _embedding[0] -= 1
 
 
 async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:

@@ -17,7 +17,7 @@ from ninja import Field, Router, Schema
 from console import services
 from console.lib.access import NEEDS_ADMIN, NEEDS_OPERATOR, NEEDS_VIEWER
 from console.lib.errors import ConsoleError, Invalid, NotFound
-from console.lib.log_store import records_store
+from console.lib.log_store import MAX_LINES, records_store
 from inference.models import ModelPackage
 from nodes import joining
 from nodes.models import Node
@@ -285,7 +285,10 @@ def nodes_self_logs(request: HttpRequest, node_id: str) -> LogsStoredOut:
         raise NodeCredentialRefused(
             f"not the credential of node {node_id!r} (revoked, or never this array's)."
         )
-    stored = records_store(request.body.splitlines(), node_id=node.node_id)
+    lines = request.body.splitlines()
+    if len(lines) > MAX_LINES:
+        raise Invalid(f"at most {MAX_LINES} records a request, got {len(lines)}", field="body")
+    stored = records_store(lines, node_id=node.node_id)
     if stored.rejected and not stored.stored:
         raise Invalid(f"no log record in the body: {stored.problem}", field="body")
     return LogsStoredOut(**stored.__dict__)

@@ -32,6 +32,7 @@ from console.lib import logs
 SHIP_INTERVAL_S = 1.0
 BATCH_LINES = 500  # this many waiting wake the shipper before its interval
 BATCH_BYTES = 512 << 10
+BATCH_MAX_LINES = 5000  # the control plane takes at most 10,000 records a request
 BUFFER_BYTES = 8 << 20  # in memory, per process, between two sends
 ENV_SHIP = "PHALANX_SHIP_LOGS"
 ENV_SPOOL_MIB = "PHALANX_LOG_SPOOL_MIB"
@@ -61,8 +62,8 @@ class Spool:
         self.path, self.max_bytes = path, max_bytes
 
     def lines(self) -> list[str]:
-        try:
-            return self.path.read_text(encoding="utf-8").splitlines()
+        try:  # a line cut by a crash mid-write is kept, its broken bytes replaced
+            return self.path.read_text(encoding="utf-8", errors="replace").splitlines()
         except FileNotFoundError:
             return []
 
@@ -90,13 +91,15 @@ class Spool:
         partial.replace(self.path)
 
 
-def batches(lines: Sequence[str], max_bytes: int = BATCH_BYTES) -> list[list[str]]:
-    """``lines`` cut into consecutive batches of at most ``max_bytes`` (a longer line goes
-    alone)."""
+def batches(
+    lines: Sequence[str], max_bytes: int = BATCH_BYTES, max_lines: int = BATCH_MAX_LINES
+) -> list[list[str]]:
+    """``lines`` cut into consecutive batches of at most ``max_bytes`` and ``max_lines`` (a
+    longer line goes alone)."""
     out: list[list[str]] = [[]]
     size = 0
     for line in lines:
-        if out[-1] and size + len(line) + 1 > max_bytes:
+        if out[-1] and (size + len(line) + 1 > max_bytes or len(out[-1]) >= max_lines):
             out.append([])
             size = 0
         out[-1].append(line)
@@ -175,15 +178,17 @@ class Shipper:
         """Send the spool (if any, first) and then the buffer; what cannot go now is spooled
         (with a spool) or queued again ahead of newer lines (without)."""
         lines = self._take()
-        if self.spool is not None:
-            waiting = self.spool.lines()
-            if waiting:
-                unsent = self._send(waiting)
-                self.spool.replace(unsent)
-                if unsent:
-                    self._keep(lines)
-                    return
-        self._keep(self._send(lines))
+        try:
+            if self.spool is not None:
+                waiting = self.spool.lines()
+                if waiting:
+                    unsent = self._send(waiting)
+                    self.spool.replace(unsent)
+                    if unsent:
+                        return  # the buffer waits (kept below) behind the spool
+            lines = self._send(lines)
+        finally:
+            self._keep(lines)  # what was not sent, whatever failed on the way
 
     def _keep(self, unsent: list[str]) -> None:
         if not unsent:

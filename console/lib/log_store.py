@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ WIDTHS["logger"] = 128
 MAX_EVENT_CHARS = 8192
 MAX_FIELDS_BYTES = 16384
 MAX_PAGE = 1000
+MAX_LINES = 10000  # records one ingest request may carry (a shipper's batch holds far fewer)
+# what a row costs the database beyond its shipped bytes (ids, columns, indexes): an estimate,
+# so that the size bound holds for many small records too
+ROW_BYTES = 200
 
 
 class BadRecord(ValueError):
@@ -53,29 +58,68 @@ class Stored:
     problem: str = ""
 
 
+def _clean(text: str) -> str:
+    """``text`` redacted, with what UTF-8 cannot hold (a lone surrogate) replaced."""
+    return redact(text.encode("utf-8", "replace").decode("utf-8"))
+
+
 def _text(record: dict[str, Any], key: str) -> str:
     value = record.get(key)
     text = "" if value is None else value if isinstance(value, str) else str(value)
-    return redact(text)[: WIDTHS.get(key, MAX_EVENT_CHARS)]
+    return _clean(text)[: WIDTHS.get(key, MAX_EVENT_CHARS)]
 
 
-def _time(value: Any) -> datetime:
+FUTURE_SLACK = timedelta(hours=1)  # a clock this far ahead is believed; past it, "now"
+
+
+def _time(value: Any, record: dict[str, Any]) -> datetime:
+    """The record's time: aware, UTC; one more than ``FUTURE_SLACK`` ahead (a node's clock
+    gone wrong, which the age bound would then never remove) becomes now, the time it
+    claimed kept in its fields as ``shipped_time``."""
     if value in (None, ""):
         return timezone.now()
-    moment = parse_datetime(value) if isinstance(value, str) else None
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else None
+        if moment is not None:
+            aware = moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+            moment = aware.astimezone(UTC)
+    except (ValueError, OverflowError):
+        moment = None
     if moment is None:
         raise BadRecord(f"time: {str(value)[:40]!r} is not an ISO 8601 time")
-    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+    if moment > timezone.now() + FUTURE_SLACK:
+        record["shipped_time"] = str(value)[:40]
+        return timezone.now()
+    return moment
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON whatever it held: every string (and key) cleaned, a number
+    that is not finite as its text, nothing deeper than 20 levels."""
+    if isinstance(value, str):
+        return _clean(value)
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth >= 20:
+        return "[too deep]"
+    if isinstance(value, dict):
+        return {_clean(str(k))[:64]: _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, depth + 1) for v in value]
+    return _clean(str(value))
 
 
 def _fields(record: dict[str, Any]) -> dict[str, Any]:
-    """The record's other keys, redacted as text; past ``MAX_FIELDS_BYTES`` one note says so."""
+    """The record's other keys, every string, key and nested value redacted; past
+    ``MAX_FIELDS_BYTES`` one note says so."""
     rest = {k: v for k, v in record.items() if k not in COLUMNS and not k.startswith("_")}
-    shown = {k[:64]: redact(v) if isinstance(v, str) else v for k, v in rest.items()}
-    text = json.dumps(shown, default=str)
+    shown = _plain(rest)
+    text = json.dumps(shown)
     if len(text) > MAX_FIELDS_BYTES:
         return {"truncated": redact(text[:MAX_FIELDS_BYTES])}
-    return json.loads(text)  # plain JSON values only (no NaN: dumps above would keep it)
+    return shown
 
 
 def record_from(line: str | bytes, *, node_id: str = "") -> LogRecord:
@@ -84,7 +128,9 @@ def record_from(line: str | bytes, *, node_id: str = "") -> LogRecord:
     try:
         record = json.loads(line)
     except ValueError as exc:
-        raise BadRecord(f"not JSON ({exc.args[0][:60]})") from None
+        raise BadRecord(f"not JSON ({str(exc)[:60]})") from None
+    except RecursionError:
+        raise BadRecord("not JSON this program reads (nested too deep)") from None
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
     if not isinstance(record.get("event"), str):
@@ -94,15 +140,16 @@ def record_from(line: str | bytes, *, node_id: str = "") -> LogRecord:
         raise BadRecord(f"level: {level[:20]!r} is not one of {', '.join(LEVELS)}")
     if node_id:
         record["node_id"] = node_id
+    moment = _time(record.get("time"), record)
     return LogRecord(
-        time=_time(record.get("time")),
+        time=moment,
         level=level,
         levelno=LEVELS[level],
         **{key: _text(record, key) for key in ("process", "node_id", "session_id", "request_id")},
         logger=_text(record, "logger"),
         event=_text(record, "event"),
         fields=_fields(record),
-        size=len(line),
+        size=len(line) + ROW_BYTES,
     )
 
 
@@ -260,10 +307,14 @@ QUERY_KEYS = ("request_id", "session_id", "node_id", "process", "level", "since"
 def _moment(name: str, text: str) -> datetime | None:
     if not text:
         return None
-    moment = parse_datetime(text.strip().replace(" ", "T", 1))
-    if moment is None:
-        raise Invalid(f"{name}: {text[:40]!r} is not an ISO 8601 time", field=name)
-    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+    try:
+        moment = parse_datetime(text.strip().replace(" ", "T", 1))
+        if moment is not None:
+            aware = moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+            return aware.astimezone(UTC)
+    except (ValueError, OverflowError):
+        pass
+    raise Invalid(f"{name}: {text[:40]!r} is not an ISO 8601 time", field=name)
 
 
 def _number(name: str, text: str | None) -> int | None:

@@ -189,12 +189,20 @@ class Engine(DecodeStep):
         )
         return warm.PrefixShelf(where)
 
+    def _prefixes_loaded(self) -> int:
+        """``PrefixKeeper.load``; a shelf that cannot be read is a cold start, not a failure."""
+        try:
+            return self.prefixes.load(self.table.sequences, max(1, self.config.sequences // 2))
+        except OSError as exc:
+            log.warning("shared prefixes not loaded: %s", exc)
+            return 0
+
     def _warm_start(self, mlock_refusal: str) -> None:
         """Before the node says it is ready: a warm-up decode, then the saved shared prefixes
         into free sequences (half of them at most: the rest stay free for sessions)."""
         token = self.model.tokenize("The")[-1]
         took = warm.warm_up_ms(self.ctx, token, self.config.sequences - 1)
-        loaded = self.prefixes.load(self.table.sequences, max(1, self.config.sequences // 2))
+        loaded = self._prefixes_loaded()
         self.warm = {
             "resident": "mlock" if self.model.locked else "mmap",
             "mlock_refused": self.model.lock_refused or mlock_refusal,

@@ -92,9 +92,12 @@ class PrefixShelf:
         try:
             with path.open("rb") as f:
                 magic, uses, count = HEADER.unpack(f.read(HEADER.size))
-                tokens = np.frombuffer(f.read(4 * count), dtype=np.int32)
-        except (OSError, struct.error):
+                raw = f.read(4 * count)
+                tokens = np.frombuffer(raw[: len(raw) - len(raw) % 4], dtype=np.int32)
+        except OSError:
             return None
+        except struct.error:  # shorter than its header
+            magic, uses, count, tokens = b"", 0, -1, np.zeros(0, dtype=np.int32)
         if magic != MAGIC or len(tokens) != count:
             log.warning("prefix file %s is not one: removed", path)
             path.unlink(missing_ok=True)
@@ -178,7 +181,7 @@ class PrefixKeeper:
             seq = targets[0]
             try:
                 self.ctx.state_import(seq.seq_id, self.shelf.state(prefix))
-            except (RuntimeError, OSError) as exc:
+            except (RuntimeError, OSError, ValueError) as exc:
                 self.failed += 1
                 log.warning("saved prefix %s not loaded: %s", prefix.path.name, exc)
                 continue
@@ -208,7 +211,7 @@ class PrefixKeeper:
         try:
             self.shelf.save(tokens, state, uses=2)
             self.saved += 1
-        except OSError as exc:
+        except Exception as exc:  # a shelf that cannot be written costs warm starts, not turns
             log.warning("shared prefix not saved: %s", exc)
 
     def close(self) -> None:

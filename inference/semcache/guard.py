@@ -36,7 +36,7 @@ NUMBER_WORDS = {
 NEGATIONS = {
     "not", "no", "never", "without", "none", "nobody", "nothing", "neither", "nor", "cannot",
     "except", "excluding", "non", "unless", "n't", "dont", "doesnt", "isnt", "arent", "wont",
-    "cant", "didnt", "shouldnt", "wasnt", "werent", "havent", "hasnt",
+    "cant", "didnt", "shouldnt", "wasnt", "werent", "havent", "hasnt", "free",
 }  # fmt: skip
 ANTONYMS = [
     ("on", "off"), ("enable", "disable"), ("open", "close"), ("increase", "decrease"),
@@ -65,6 +65,11 @@ ANTONYMS = [
     ("rise", "fall"), ("rose", "fell"), ("winners", "losers"), ("paid", "unpaid"),
     ("this", "next"), ("this", "last"), ("add", "delete"), ("create", "delete"),
     ("success", "error"), ("upgrade", "downgrade"), ("activate", "deactivate"),
+    ("warmer", "colder"), ("warm", "cold"), ("under", "over"), ("best", "worst"),
+    ("better", "worse"), ("richest", "poorest"), ("rich", "poor"), ("sell", "keep"),
+    ("buy", "keep"), ("hotter", "colder"), ("cheaper", "pricier"), ("bigger", "smaller"),
+    ("faster", "slower"), ("longer", "shorter"), ("longest", "shortest"), ("most", "least"),
+    ("wettest", "driest"), ("safest", "riskiest"), ("safe", "unsafe"),
 ]  # fmt: skip
 UNITS = {
     "celsius": "C", "°c": "C", "centigrade": "C", "fahrenheit": "F", "°f": "F",
@@ -298,8 +303,15 @@ def _arguments_disagree(left: object, right: object, where: str = "") -> str:
                 return why
         return ""
     if isinstance(left, str) and isinstance(right, str):
+        if " " not in left.strip() or " " not in right.strip():  # a path, an id, a code
+            # letters only (a city, a currency code) are one value in any case; a path, a
+            # hash or an id (digits, "/", ".", "_") only as written
+            same = left == right or (left.isalpha() and left.lower() == right.lower())
+            return "" if same else f"{where.rstrip('.')}: {left!r} / {right!r}"
         why = disagreement(left, right) if left.lower() != right.lower() else ""
         return f"{where.rstrip('.')}: {why}" if why else ""
+    if isinstance(left, bool) != isinstance(right, bool):
+        return f"{where.rstrip('.')}: {left!r} / {right!r}"
     if left == right or (_scalar(left) and _scalar(right) and str(left) == str(right)):
         return ""  # "2" and 2: one value written two ways
     return f"{where.rstrip('.')}: {left!r} / {right!r}"
@@ -309,15 +321,48 @@ def _scalar(value: object) -> bool:
     return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
+_OPERATOR = re.compile(
+    r"(?:\b\d+(?:\.\d+)?|\b[a-z]\b)\s*(<=|>=|!=|==|[-+*/<>=^])\s*(?=\d|\b[a-z]\b)", re.I
+)
+_LATIN = re.compile(r"[^\W\d_]", re.UNICODE)
+
+
+def operators(text: str) -> list[str]:
+    """The arithmetic and comparison operators written between numbers or words."""
+    return sorted(_OPERATOR.findall(text))
+
+
+def unchecked_script(text: str) -> bool:
+    """Whether the text is mostly letters these checks cannot read (not Latin): nothing in
+    it could be compared, so it is never taken for another text."""
+    letters = _LATIN.findall(text)
+    latin = sum(1 for c in letters if c.isascii() or "\u00c0" <= c <= "\u024f")
+    return bool(letters) and latin < 0.8 * len(letters)
+
+
+def reordered(a: str, b: str) -> bool:
+    """The same words in another order ("from Paris to London" / "from London to Paris",
+    "my dog bit the neighbour" / "the neighbour bit my dog")."""
+    left, right = words(a), words(b)
+    return left != right and sorted(left) == sorted(right)
+
+
 def disagreement(a: str, b: str) -> str:
     """Why ``b`` must not be served ``a``'s cached answer ("" when nothing checked differs):
-    numbers, negation, antonyms, units, dates or entities, named with what differs. Tool
-    calls (``name {json}``) agree when their names are equal and their arguments do."""
+    numbers, negation, antonyms, units, dates, operators, word order or entities, named with
+    what differs. Tool calls (``name {json}``) agree when their names are equal and their
+    arguments do. Text in a script the checks cannot read agrees only with itself."""
     calls = tool_call(a), tool_call(b)
     if calls[0] is not None and calls[1] is not None:
         if calls[0][0] != calls[1][0]:
             return f"another tool: {calls[0][0]} / {calls[1][0]}"
         return _arguments_disagree(calls[0][1], calls[1][1])
+    if (unchecked_script(a) or unchecked_script(b)) and a.strip().lower() != b.strip().lower():
+        return "a script these checks cannot read"
+    if operators(a) != operators(b):
+        return f"operators differ: {operators(a)} / {operators(b)}"
+    if reordered(a, b):
+        return "the same words in another order"
     checks = (("numbers", numbers), ("units", units), ("dates", dates))
     for name, extract in checks:
         left, right = extract(a), extract(b)

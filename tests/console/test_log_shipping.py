@@ -134,3 +134,14 @@ def test_the_handler_ships_each_record_as_redacted_json_with_its_bound_fields() 
     assert record["event"] == "presented [redacted]" and record["level"] == "warning"
     assert record["request_id"] == "req-9" and record["session_id"] == "s-9"
     assert record["status"] == 502 and record["process"] and record["time"]
+
+
+def test_a_spool_cut_mid_character_loses_nothing_else(tmp_path) -> None:
+    (tmp_path / "node.jsonl").write_bytes(b'{"event":"a"}\n{"event":"\xe2\x82')
+    destination = Destination()
+    destination.up = True
+    shipper = Shipper(destination, spool=Spool(tmp_path / "node.jsonl", 1 << 20))
+    shipper.offer('{"event":"b"}')
+    shipper.flush()
+    assert destination.lines[0] == '{"event":"a"}' and destination.lines[-1] == '{"event":"b"}'
+    assert len(destination.lines) == 3 and shipper.dropped == 0

@@ -127,3 +127,49 @@ def test_retention_removes_old_records_then_the_oldest_past_the_size_bound() -> 
     assert records_trim(max_age_s=3600, max_bytes=newest_four) == 6
     kept = list(LogRecord.objects.order_by("id").values_list("event", flat=True))
     assert kept == ["turn 26", "turn 27", "turn 28", "turn 29"] and sizes > newest_four
+
+
+def test_lines_a_node_could_send_are_kept_or_named_never_a_500(node) -> None:
+    body = "\n".join(
+        [
+            '{"event": "rate", "tokens_per_s": NaN, "level": "info"}',
+            '{"event": "cut \\ud800 here", "level": "info"}',
+            "[" * 100_000 + "]" * 100_000,
+            '{"event": "x", "time": "2026-13-45T00:00:00"}',
+            '{"event": "x", "time": "0001-01-01T00:00:00+05:00"}',
+            '{"event": "ahead", "time": "2999-01-01T00:00:00Z"}',
+        ]
+    )
+    response = ship("node-01", body)
+    assert response.status_code == 200, response.content
+    assert response.json()["stored"] == 3 and response.json()["rejected"] == 3
+    rows = {r.event: r for r in LogRecord.objects.all()}
+    assert rows["rate"].fields == {"tokens_per_s": "nan"}
+    assert "cut" in next(e for e in rows if e.startswith("cut"))
+    assert rows["ahead"].time.year < 2999 and rows["ahead"].fields["shipped_time"].startswith(
+        "2999"
+    )
+
+
+def test_secrets_nested_in_fields_or_keys_are_redacted(node) -> None:
+    record = {
+        "event": "e",
+        "nested": {"tok": "phx_" + "a" * 20, "auth": "Bearer zzz"},
+        "list": ["f" * 64],
+        "phx_" + "b" * 20: 1,
+    }
+    ship("node-01", json.dumps(record))
+    stored = json.dumps(LogRecord.objects.get().fields)
+    for secret in ("a" * 20, "zzz", "f" * 64, "b" * 20):
+        assert secret not in stored
+
+
+def test_a_request_past_the_record_bound_is_refused_whole(node) -> None:
+    response = ship("node-01", "\n".join([line("x")] * 10_001))
+    assert response.status_code == 422 and "at most 10000 records" in response.json()["detail"]
+    assert not LogRecord.objects.exists()
+
+
+@pytest.mark.parametrize("query", ["until=2026-02-30T00:00", "since=9999-12-31T23:59:59-05:00"])
+def test_a_date_that_does_not_exist_is_a_422(api, query) -> None:
+    assert api("viewer", "get", f"/logs?{query}").status_code == 422

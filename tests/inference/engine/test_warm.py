@@ -36,6 +36,16 @@ def test_a_file_that_is_not_a_prefix_is_skipped_and_removed(tmp_path) -> None:
     assert not (tmp_path / "broken.prefix").exists() and MAX_SAVED >= 1
 
 
+def test_a_truncated_or_short_file_is_removed_not_fatal(tmp_path) -> None:
+    shelf = PrefixShelf(tmp_path)
+    shelf.save([7] * 80, b"state")
+    kept = shelf.saved()[0].path.read_bytes()
+    (tmp_path / "cut.prefix").write_bytes(kept[: 16 + 202])  # header says 80 tokens
+    (tmp_path / "tiny.prefix").write_bytes(b"PHX")
+    assert [p.tokens[0] for p in shelf.saved()] == [7]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [shelf.saved()[0].path.name]
+
+
 def test_each_model_file_and_kv_setting_has_its_own_shelf(tmp_path) -> None:
     model = str(bundled_model_path())
     f16 = shelf_dir(tmp_path, model, kv_type="f16", flash_attn="enabled")

@@ -70,3 +70,29 @@ def test_a_request_it_cannot_answer_names_what_is_wrong(token, body, status, par
 
 def test_it_needs_a_token() -> None:
     assert ask(None, {"model": MODEL_NAME, "input": "x"}).status_code == 401
+
+
+def test_a_request_past_the_size_bounds_is_refused(token) -> None:
+    many = ask(token, {"model": MODEL_NAME, "input": ["x"] * 257})
+    big = ask(token, {"model": MODEL_NAME, "input": ["y" * 30000] * 7})
+    assert many.status_code == 400 and "at most 256 texts" in many.json()["error"]["message"]
+    assert big.status_code == 400 and "split it" in big.json()["error"]["message"]
+
+
+async def test_past_its_slots_the_encoder_answers_503_with_retry_after(token) -> None:
+    import asyncio
+
+    from django.test import AsyncClient
+
+    body = json.dumps({"model": MODEL_NAME, "input": ["a long enough text " * 40] * 64})
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def one():
+        return await AsyncClient().post(
+            "/v1/embeddings", body, content_type="application/json", headers=headers
+        )
+
+    answers = await asyncio.gather(*(one() for _ in range(4)))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200, 200, 503, 503]
+    assert all(a["Retry-After"] == "1" for a in answers if a.status_code == 503)

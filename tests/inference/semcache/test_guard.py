@@ -49,3 +49,29 @@ def test_paraphrases_agree(a, b) -> None:
 def test_near_misses_differ_and_say_why(a, b, why) -> None:
     assert why in disagreement(a, b)
     assert why.split(":")[0] in disagreement(b, a)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Flights from Paris to London on Friday", "Flights from London to Paris on Friday"),
+        (
+            "Transfer 500 dollars from checking to savings",
+            "Transfer 500 dollars from savings to checking",
+        ),
+        ("what is 7 - 3", "what is 7 + 3"),
+        ("what is 12 * 4", "what is 12 / 4"),
+        ("find rows where x > 5", "find rows where x < 5"),
+        ("Will it be warmer tomorrow?", "Is it going to be colder tomorrow?"),
+        ("show laptops priced under $1000", "show laptops priced over $1000"),
+        ("recipes with meat", "meat-free recipes"),
+        ("the best laptop for students", "the worst laptop for students"),
+        ("打开厨房的灯", "关闭厨房的灯"),
+        ("Включи свет", "Выключи свет"),
+        ('read_file {"path": "/srv/README.md"}', 'read_file {"path": "/srv/readme.md"}'),
+        ('get_commit {"sha": "AbCdEf1"}', 'get_commit {"sha": "abcdef1"}'),
+        ('list_items {"limit": 1}', 'list_items {"limit": true}'),
+    ],
+)
+def test_near_misses_found_by_attacking_the_check_differ(a, b) -> None:
+    assert disagreement(a, b)
