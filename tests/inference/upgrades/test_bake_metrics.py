@@ -49,6 +49,7 @@ class Engine:
             "kv_settings": {},
             "kv_layout": "unified",
             "host_ram_budget_bytes": 0,
+            "warm": {},
         }
 
 
