@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from inference.semcache.guard import disagreement
+from inference.semcache.guard import compared_text, disagreement
 
 PAIRS = Path(__file__).with_name("labelled_pairs.yaml")
 TARGET_PRECISION = 0.99
@@ -78,8 +78,9 @@ class OperatingPoint:
 
 
 def scored(pairs: list[Pair], embed) -> list[tuple[Pair, float, bool]]:
-    """(pair, cosine similarity, guard passes) for each pair; ``embed`` gives unit vectors."""
-    vectors = embed([p.a for p in pairs] + [p.b for p in pairs])
+    """(pair, cosine similarity, guard passes) for each pair; ``embed`` gives unit vectors
+    of the texts as the cache compares them (``guard.compared_text``)."""
+    vectors = embed([compared_text(p.a) for p in pairs] + [compared_text(p.b) for p in pairs])
     left, right = vectors[: len(pairs)], vectors[len(pairs) :]
     sims = np.einsum("ij,ij->i", left, right)
     return [(p, float(s), not disagreement(p.a, p.b)) for p, s in zip(pairs, sims, strict=True)]
