@@ -35,8 +35,8 @@ class InferenceConfig(AppConfig):
         (``nodes.health_policy``), rolling upgrades (a step kind), and, every health-check
         interval unless said, the package jobs' tick, the load tests' tick, idle-route release,
         the alert rules, each second the upgrades' traffic samples and the alert webhooks'
-        deliveries, and every ``UPLOAD_SWEEP_S`` the sweep of
-        abandoned uploads."""
+        deliveries, every ``UPLOAD_SWEEP_S`` the sweep of abandoned uploads, and every
+        minute the semantic cache's sweep of expired entries."""
         from console.lib.steps import Periodic, lazy, register_periodic, register_step_kind
         from inference.models import RoutingPolicy
         from nodes.health_policy import health_interval_s, register_policy_source
@@ -66,6 +66,7 @@ class InferenceConfig(AppConfig):
             Periodic(
                 "idle routes", lazy("inference.apps.routes_release_idle_now"), health_interval_s
             ),
+            Periodic("semantic cache sweep", lazy("inference.semcache.service.sweep_now"), 60.0),
         ):
             register_periodic(work)
 

@@ -130,6 +130,14 @@ async def acaller_for_token(raw: str | None) -> str:
     return await _acached(*_token(raw)) if raw else tokens.token_authenticate(raw=raw)
 
 
+async def atoken_caches_answers(raw: str | None) -> bool:
+    """``tokens.token_caches_answers``, cached by the token's hash (False without a token)."""
+    if not raw:
+        return False
+    key = hashlib.sha256(raw.encode()).hexdigest()
+    return await _acached("token-answers", key, lambda: tokens.token_caches_answers(raw=raw))
+
+
 def model_for_request(model: str) -> str:
     """``model_names.model_resolve`` (the client-facing name a request's ``model`` asks
     for), cached by the ``model`` string. Raises ``UnknownModel``."""

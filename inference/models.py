@@ -13,6 +13,7 @@ from django.db import models
 from inference.alerts.models import Alert, AlertDelivery, AlertSettings, AlertWebhook
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun, LoadTestSample
 from inference.packages.models import ModelPackage, PackageJob, PackagePolicy
+from inference.semcache.models import CacheNamespace
 from inference.upgrades.models import Upgrade, UpgradeEvent, UpgradeSample
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "AlertSettings",
     "AlertWebhook",
     "ApiToken",
+    "CacheNamespace",
     "CostModel",
     "LoadScenario",
     "LoadTestRun",
@@ -269,6 +271,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
+    # answers to its stateless requests come from the semantic cache when they can
+    # (docs/semcache.md); a request opts in or out itself with X-Phalanx-Cache
+    cache_answers = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]

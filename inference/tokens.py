@@ -72,6 +72,12 @@ def token_authenticate(*, raw: str | None) -> str:
     return token.name
 
 
+def token_caches_answers(*, raw: str) -> bool:
+    """Whether the token ``raw`` opted its requests in to cached answers (``cache_answers``;
+    False for ``$PHALANX_API_TOKEN`` and unknown tokens)."""
+    return ApiToken.objects.filter(token_hash=_hash(raw), cache_answers=True).exists()
+
+
 def token_match(raw: str | None) -> TokenMatch | None:
     """Whose token ``raw`` is, for the console's access control (``console.lib.access``
     registers this in ``InferenceConfig.ready``): the environment's ``$PHALANX_API_TOKEN``

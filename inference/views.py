@@ -8,6 +8,7 @@ Thin async views: authenticate, validate, hand to ``inference.proxy``, translate
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from django.conf import settings
@@ -17,8 +18,8 @@ from django.views.decorators.csrf import csrf_exempt
 from console.lib import logs
 from console.lib.bare_http import db_thread
 from inference import lookups, proxy, selectors, tokens
-from inference.errors import MethodNotAllowed, ProxyError
-from inference.migration import is_stream, read_whole, sse_passthrough
+from inference.errors import BadRequest, MethodNotAllowed, ProxyError
+from inference.migration import is_stream, migrating_events, read_whole, sse_passthrough
 from inference.models import RoutingPolicy
 from inference.relay import Upstream
 from inference.request_checks import (
@@ -28,6 +29,7 @@ from inference.request_checks import (
     request_id,
     session_key,
 )
+from inference.semcache import answers
 from inference.semcache.embeddings_request import check_embeddings_body, embeddings_body
 from inference.semcache.encoder import shared_encoder
 
@@ -91,25 +93,84 @@ async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
             raise MethodNotAllowed("Use POST for /v1/chat/completions.")
         body, model, key, policy = await _prepare_chat(request)
         logs.bind(session_id=key)
+        asked = await _cache_asked(request, body, model)
+        if asked.hit is not None:
+            return _with_headers(_cached_answer(asked, body), asked, key)
         upstream = await proxy.upstream_open(
             payload=body, model=model, session_id=key, policy=policy, request_id=rid
         )
     except ProxyError as exc:
         return error_response(exc)
     if is_stream(upstream):
-        response: HttpResponse = _streamed(upstream)
+        response: HttpResponse = _streamed(upstream, asked)
     else:
         response, upstream = await _whole(upstream)
+        _remember_whole(asked, response, upstream)
     response[NODE_HEADER] = upstream.node_id
     if upstream.package:
         response[PACKAGE_HEADER] = upstream.package
+    return _with_headers(response, asked, key)
+
+
+def _with_headers(response: HttpResponse, asked: answers.Asked, key: str | None) -> HttpResponse:
+    for name, value in asked.headers().items():
+        response[name] = value
     if key:
         response["X-Session-Id"] = key
     return response
 
 
-def _streamed(upstream: Upstream) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(sse_passthrough(upstream), content_type="text/event-stream")
+async def _cache_asked(request: HttpRequest, body: dict[str, Any], model: str) -> answers.Asked:
+    """The semantic cache's part in this request (``inference.semcache.answers``)."""
+    raw = tokens.bearer_token(request.headers.get("Authorization"))
+    try:
+        choice = answers.opted(
+            request.headers.get(answers.HEADER), await lookups.atoken_caches_answers(raw)
+        )
+    except ValueError as exc:
+        raise BadRequest(str(exc), code="invalid_cache_header") from None
+    return await answers.ask(body, model, choice)
+
+
+def _cached_answer(asked: answers.Asked, body: dict[str, Any]) -> HttpResponse:
+    hit = asked.hit
+    assert hit is not None
+    if body.get("stream"):
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        response: HttpResponse = _events_response(
+            answers.replayed(answers.served_events(hit, usage))
+        )
+    else:
+        response = JsonResponse(answers.served_completion(hit))
+    if hit.entry.package:
+        response[PACKAGE_HEADER] = hit.entry.package
+    return response
+
+
+_storing: set[asyncio.Task] = set()  # answers being stored after their response went out
+
+
+def _remember_whole(asked: answers.Asked, response: HttpResponse, upstream: Upstream) -> None:
+    if asked.miss is None or response.status_code != 200 or response.streaming:
+        return
+    try:
+        completion = json.loads(response.content)
+    except ValueError:
+        return
+    task = asyncio.ensure_future(answers.remember(asked, completion, upstream.package or ""))
+    _storing.add(task)
+    task.add_done_callback(_storing.discard)
+
+
+def _streamed(upstream: Upstream, asked: answers.Asked | None = None) -> StreamingHttpResponse:
+    if asked is not None and asked.miss is not None:
+        events = migrating_events(upstream)
+        return _events_response(answers.teed(events, asked, upstream.package or ""))
+    return _events_response(sse_passthrough(upstream))
+
+
+def _events_response(events: Any) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

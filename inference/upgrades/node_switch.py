@@ -10,7 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from inference.models import Upgrade
-from inference.upgrades.outcomes import actor
+from inference.upgrades.outcomes import actor, answers_forget
 from inference.upgrades.services import upgrade_event
 from nodes import client as node_client
 from nodes import services as node_services
@@ -55,3 +55,4 @@ def served(node: Node, package, upgrade: Upgrade, settings: dict[str, int] | Non
         settings=settings,
         by=actor(upgrade),
     )
+    answers_forget(upgrade)

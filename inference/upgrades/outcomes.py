@@ -56,3 +56,17 @@ def finish(upgrade: Upgrade, state: str, why: str) -> None:
         upgrade.new_share = 1.0
         upgrade.reason = why
     upgrade_event(upgrade, state, why)
+    answers_forget(upgrade)
+
+
+def answers_forget(upgrade: Upgrade) -> None:
+    """The answers cached for the upgrade's model came from the package being replaced (or,
+    rolling back, from the new one): they go (``inference.semcache``), at each node's switch
+    and once more when the upgrade ends (what old nodes stored meanwhile)."""
+    from inference import model_names
+    from inference.semcache.service import package_changed
+
+    try:
+        package_changed(model_names.family_of(upgrade.model))
+    except Exception as exc:  # the cache's store down must not stop an upgrade
+        upgrade_event(upgrade, "cache", f"could not invalidate cached answers: {exc}")

@@ -123,4 +123,5 @@ def test_the_apps_register_their_kinds_and_periodic_work():
         "alerts",
         "alert webhooks",
         "log retention",
+        "semantic cache sweep",
     }
