@@ -371,3 +371,27 @@ class CapacityForm(forms.Form):
     target_p95_s = forms.FloatField(
         min_value=0.001, max_value=600, required=False, label="Target P95 (s)"
     )
+
+
+class CacheNamespaceForm(forms.Form):
+    """A semantic-cache namespace's rules (``inference.semcache.api.NamespaceIn``'s bounds)."""
+
+    name = forms.RegexField(
+        regex=r"^(answers|tools):[A-Za-z0-9_.:/-]{1,150}$",
+        max_length=200,
+        help_text="tools:<tool> or answers:<model>",
+        error_messages={"invalid": "A namespace is 'tools:<tool>' or 'answers:<model>'."},
+    )
+    enabled = forms.BooleanField(required=False, initial=True)
+    threshold = forms.FloatField(min_value=0.5, max_value=1.0, initial=0.75)
+    ttl_s = forms.IntegerField(
+        min_value=1, max_value=30 * 24 * 3600, initial=24 * 3600, label="TTL (s)"
+    )
+    max_entries = forms.IntegerField(min_value=10, max_value=1_000_000, initial=10_000)
+
+
+class CacheInvalidateForm(forms.Form):
+    namespace = forms.CharField(
+        required=False, max_length=200, help_text="a namespace or its start; empty: all"
+    )
+    older_than_s = forms.FloatField(required=False, min_value=0, label="older than (s)")

@@ -7,6 +7,7 @@ from django.urls import path, re_path
 
 from console import (
     alert_pages,
+    cache_pages,
     config_pages,
     join_pages,
     loadtest_pages,
@@ -91,6 +92,9 @@ urlpatterns = [
     path("config/phalanx.yaml", config_pages.config_download, name="config_download"),
     path("audit/", config_pages.audit, name="audit"),
     path("logs/", log_pages.logs, name="logs"),
+    path("cache/", cache_pages.cache, name="cache"),
+    path("cache/namespace/", cache_pages.cache_namespace, name="cache_namespace"),
+    path("cache/invalidate/", cache_pages.cache_invalidate, name="cache_invalidate"),
     path("alerts/", alert_pages.alerts, name="alerts"),
     path(
         "alerts/<int:alert_id>/acknowledge/",

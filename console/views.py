@@ -32,6 +32,7 @@ NAV = [
     ("config", "Config"),
     ("audit", "Audit"),
     ("logs", "Logs"),
+    ("cache", "Cache"),
     ("alerts", "Alerts"),
 ]
 

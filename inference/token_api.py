@@ -26,6 +26,7 @@ class TokenOut(Schema):
     created_at: datetime
     last_used_at: datetime | None
     created_by: str | None
+    cache_answers: bool = Field(description="its stateless requests use cached answers")
 
 
 class TokenIn(Schema):
@@ -47,6 +48,7 @@ def _token_out(token: ApiToken) -> dict:
         "created_at": token.created_at,
         "last_used_at": token.last_used_at,
         "created_by": token.created_by.get_username() if token.created_by else None,
+        "cache_answers": token.cache_answers,
     }
 
 
@@ -83,3 +85,22 @@ def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
     if token_id < 1:
         raise Invalid("token_id: must be positive.", field="token_id")
     return _token_out(tokens.token_withdraw(token_id=token_id))
+
+
+class TokenPatchIn(Schema):
+    cache_answers: bool = Field(description="opt its stateless requests in to cached answers")
+
+
+@router.patch(
+    "/tokens/{token_id}",
+    response=TokenOut,
+    tags=["tokens"],
+    summary="Change an API token's settings (cached answers)",
+    auth=NEEDS_ADMIN,
+)
+def tokens_change(request: HttpRequest, token_id: int, payload: TokenPatchIn) -> dict:
+    if token_id < 1:
+        raise Invalid("token_id: must be positive.", field="token_id")
+    return _token_out(
+        tokens.token_set_cache_answers(token_id=token_id, cache_answers=payload.cache_answers)
+    )

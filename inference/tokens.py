@@ -129,6 +129,22 @@ def token_withdraw(*, token_id: int) -> ApiToken:
     return token
 
 
+def token_set_cache_answers(*, token_id: int, cache_answers: bool) -> ApiToken:
+    """Opt a token's stateless requests in to (or out of) cached answers (docs/semcache.md);
+    audited. Raises ``NotFound``."""
+    token = ApiToken.objects.filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"No token {token_id}.", code="token_not_found")
+    token.cache_answers = cache_answers
+    token.save(update_fields=["cache_answers"])  # post_save clears the lookups cache
+    audit_record(
+        action="token.cache_answers",
+        target=f"token:{token.name}",
+        changes=[f"cache_answers: {cache_answers}"],
+    )
+    return token
+
+
 def token_role(token: ApiToken) -> Role:
     """The role a token acts with (``operator`` when it has no role row)."""
     row = TokenRole.objects.filter(token=token).first()

@@ -8,6 +8,7 @@ its charts and the Utilization page's keep drawing. Screenshots go to
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import httpx
@@ -162,3 +163,35 @@ def test_a_turns_lines_on_the_control_plane_and_the_node_share_its_request_id(
     assert request_id in export and "runnode" in export
     for secret in (array.token, node_credential(healthy_node), node_secret()):
         assert secret not in export
+
+
+def test_the_cache_page_shows_a_hit_and_an_operator_opts_a_tool_in(page_as, array, healthy_node):
+    question = f"What is the capital of Peru? ({uuid.uuid4().hex[:6]})"
+    asked = []
+    for _ in range(2):
+        answer = httpx.post(
+            f"{array.url}/v1/chat/completions",
+            json={
+                "model": PACKAGE,
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+            headers={"Authorization": f"Bearer {array.token}", "X-Phalanx-Cache": "use"},
+            timeout=120,
+        )
+        asked.append(answer.headers["x-phalanx-cache"])
+        model = answer.json()["model"]  # the client-facing name: the namespace's
+        time.sleep(0.5)  # the answer is stored once its response went out
+    assert asked == ["miss", "hit"]
+    page = page_as("operator")
+    page.goto(f"{array.url}/cache/")
+    row = page.locator(f'#cache-table tr[data-namespace="answers:{model}"]')
+    playwright_sync.expect(row.locator(".hit-rate")).to_have_text("50 %")
+    page.fill("#id_name", "tools:get_weather")
+    page.fill("#id_threshold", "0.8")
+    page.click("#namespace-form button")
+    tool_row = page.locator('#cache-table tr[data-namespace="tools:get_weather"]')
+    playwright_sync.expect(tool_row).to_contain_text("yes")
+    playwright_sync.expect(tool_row).to_contain_text("0.8")
+    shot(page, "cache")

@@ -130,3 +130,18 @@ def test_a_namespace_name_that_is_not_tools_or_answers_is_refused(fresh):
         "/api/cache/namespaces/other:x", "{}", content_type="application/json", headers=fresh
     )
     assert response.status_code == 422 and "tools:<tool>" in response.content.decode()
+
+
+def test_an_admin_opts_a_token_in_to_cached_answers(fresh):
+    from inference.tokens import token_create
+
+    token, _ = token_create(name="agent")
+    response = Client().patch(
+        f"/api/tokens/{token.pk}",
+        json.dumps({"cache_answers": True}),
+        content_type="application/json",
+        headers=fresh,
+    )
+    assert response.status_code == 200 and response.json()["cache_answers"] is True
+    token.refresh_from_db()
+    assert token.cache_answers is True
