@@ -94,21 +94,24 @@ def not_cacheable(body: dict[str, Any]) -> str:
 
 def question(body: dict[str, Any], model: str) -> tuple[str, str, str]:
     """``(namespace, partition, text)`` of a cacheable ``body`` for client-facing ``model``."""
-    said, setting = [], []
+    said, shape_of_messages = [], []
     for message in body["messages"]:
-        if message.get("role") == "user":
+        if message.get("role") == "user":  # where the user spoke stays in the partition
             said.append(_text(message.get("content")))
+            shape_of_messages.append({"role": "user", "content": len(said)})
         else:
-            setting.append(message)
+            shape_of_messages.append(message)
     shape = {k: v for k, v in body.items() if k not in NOT_PARTITIONED}
-    shape["messages"] = setting
+    shape["messages"] = shape_of_messages
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode())
     return f"{service.ANSWERS}{model}", digest.hexdigest()[:32], "\n".join(said)
 
 
 def _text(content: Any) -> str:
+    """A message's text as the node reads it (``inference.engine.prompt``: parts joined
+    with nothing between them)."""
     if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content if isinstance(content, str) else ""
 
 
@@ -170,6 +173,7 @@ def _ended_well(completion: dict[str, Any]) -> bool:
 def served_completion(hit: Hit) -> dict[str, Any]:
     """The cached completion as a new answer (its own id and time)."""
     completion = json.loads(hit.entry.value)
+    completion.pop("timings", None)  # the node's timings of the original answer, not this one
     completion["id"] = f"chatcmpl-cache-{uuid.uuid4().hex[:24]}"
     completion["created"] = int(time.time())
     return completion

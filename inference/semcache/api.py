@@ -15,7 +15,8 @@ from console.lib.errors import Invalid
 from inference.semcache import service
 
 router = Router(tags=["semantic cache"])
-NAMESPACE = re.compile(r"(answers|tools):[A-Za-z0-9_.:/-]{1,150}")
+NAMESPACE = re.compile(r"answers:[A-Za-z0-9_.:/-]{1,150}|tools:[A-Za-z0-9_.-]{1,64}")
+FORBID_EXTRA = {"extra": "forbid"}  # a misspelt field is a 422 naming it, not ignored
 
 
 class NamespaceOut(Schema):
@@ -89,6 +90,8 @@ def cache_report(request: HttpRequest) -> dict:
 
 
 class NamespaceIn(Schema):
+    model_config = FORBID_EXTRA
+
     enabled: bool = True
     threshold: float = Field(service.DEFAULT_THRESHOLD, ge=0.5, le=1.0)
     ttl_s: int = Field(service.DEFAULT_TTL_S, ge=1, le=30 * 24 * 3600)
@@ -101,7 +104,8 @@ def namespace_change(request: HttpRequest, name: str, payload: NamespaceIn) -> d
     tunes (or, ``enabled: false``, stops) a model's cached answers. 422 for another name."""
     if not NAMESPACE.fullmatch(name):
         raise Invalid(
-            "A namespace is 'tools:<tool>' or 'answers:<model>' (letters, digits, '_.:/-').",
+            "A namespace is 'tools:<tool>' (the tool's name: 1 to 64 letters, digits, '_.-') or"
+            " 'answers:<model>' (letters, digits, '_.:/-').",
             field="name",
         )
     service.namespace_save(name, **payload.dict())
@@ -115,8 +119,11 @@ def namespace_change(request: HttpRequest, name: str, payload: NamespaceIn) -> d
 
 
 class InvalidateIn(Schema):
+    model_config = FORBID_EXTRA
+
     namespace: str = Field(
-        "", max_length=200, description="a namespace or its start ('tools:', 'answers:m'); '' all"
+        max_length=200,
+        description="a namespace or its start ('tools:', 'answers:m'); '' for all (said, never assumed)",
     )
     older_than_s: float | None = Field(None, ge=0, description="only entries older than this")
 

@@ -135,11 +135,14 @@ class SemanticCache:
         self.store.add(entry, vector, rules.max_entries)
         return entry
 
-    def invalidate(self, namespace_prefix: str = "", older_than_s: float | None = None) -> int:
-        """Remove entries of namespaces starting with ``namespace_prefix`` ("" for all), only
-        those older than ``older_than_s`` seconds when given; returns how many."""
+    def invalidate(
+        self, namespace_prefix: str = "", older_than_s: float | None = None, *, exact: bool = False
+    ) -> int:
+        """Remove entries of namespaces starting with ``namespace_prefix`` ("" for all; the
+        one namespace of that name with ``exact``), only those older than ``older_than_s``
+        seconds when given; returns how many."""
         cutoff = None if older_than_s is None else time.time() - older_than_s
-        return self.store.remove(namespace_prefix=namespace_prefix, older_than=cutoff)
+        return self.store.remove(namespace_prefix=namespace_prefix, older_than=cutoff, exact=exact)
 
     def report_false_hit(self, entry_id: int, query: str, similarity: float, note: str) -> Entry:
         """Record a client's report that entry ``entry_id`` was a wrong answer to ``query``

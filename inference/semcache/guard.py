@@ -328,6 +328,9 @@ def _arguments_disagree(left: object, right: object, where: str = "") -> str:
                 return why
         return ""
     if isinstance(left, str) and isinstance(right, str):
+        if left != right and not (_natural_case(left) and _natural_case(right)):
+            # "xYzAbC" / "XyZaBc": a token or a key, where case is part of the value
+            return f"{where.rstrip('.')}: {left!r} / {right!r} (case)"
         if " " not in left.strip() or " " not in right.strip():  # a path, an id, a code
             # letters only (a city, a currency code) are one value in any case; a path, a
             # hash or an id (digits, "/", ".", "_") only as written
@@ -340,6 +343,12 @@ def _arguments_disagree(left: object, right: object, where: str = "") -> str:
     if left == right or (_scalar(left) and _scalar(right) and str(left) == str(right)):
         return ""  # "2" and 2: one value written two ways
     return f"{where.rstrip('.')}: {left!r} / {right!r}"
+
+
+def _natural_case(text: str) -> bool:
+    """Written as words are: all lower, all upper, or each word capitalised ("Paris",
+    "New York", "USD"); mixed case inside a word ("xYzAbC", "camelCase") is not."""
+    return all(w.islower() or w.isupper() or w.istitle() or not w.isalpha() for w in text.split())
 
 
 def _scalar(value: object) -> bool:

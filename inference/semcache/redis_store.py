@@ -96,11 +96,16 @@ class RedisStore:
                 rows.append((int(ident), partition.decode(), np.frombuffer(vector, np.float32)))
         return Changes(current, rows)
 
-    def remove(self, *, namespace_prefix: str, older_than: float | None) -> int:
+    def remove(
+        self, *, namespace_prefix: str, older_than: float | None, exact: bool = False
+    ) -> int:
         """Remove the entries of every namespace starting with ``namespace_prefix`` ("" for
-        all), only those created before ``older_than`` when given; returns how many."""
+        all; only that namespace with ``exact``), only those created before ``older_than``
+        when given; returns how many."""
         removed = 0
         for namespace in self._namespaces(namespace_prefix):
+            if exact and namespace != namespace_prefix:
+                continue
             ids = [int(i) for i in self.redis.zrange(self._ns(namespace, "ids"), 0, -1)]
             if older_than is not None:
                 ids = [e.id for e in self.entries(ids) if e.created < older_than]

@@ -102,9 +102,15 @@ def namespace_save(
     return row
 
 
-def invalidate(namespace_prefix: str = "", older_than_s: float | None = None, why: str = "") -> int:
+def invalidate(
+    namespace_prefix: str = "",
+    older_than_s: float | None = None,
+    why: str = "",
+    *,
+    exact: bool = False,
+) -> int:
     """Remove entries (``SemanticCache.invalidate``) and log what and why."""
-    removed = the_cache().invalidate(namespace_prefix, older_than_s)
+    removed = the_cache().invalidate(namespace_prefix, older_than_s, exact=exact)
     log.info(
         "semantic cache invalidated",
         extra={"namespace": namespace_prefix or "*", "removed": removed, "why": why},
@@ -115,7 +121,7 @@ def invalidate(namespace_prefix: str = "", older_than_s: float | None = None, wh
 def package_changed(model: str) -> int:
     """A package of ``model`` (client-facing name) started or stopped serving: its cached
     answers came from another package, so they go. Tool results stay (no model made them)."""
-    return invalidate(f"{ANSWERS}{model}", why=f"package change of {model}")
+    return invalidate(f"{ANSWERS}{model}", why=f"package change of {model}", exact=True)
 
 
 def sweep_now() -> int:

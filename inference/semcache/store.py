@@ -88,7 +88,9 @@ class Store(Protocol):
     def exact(self, namespace: str, partition: str, exact_key: str) -> Entry | None: ...
     def entries(self, ids: list[int]) -> list[Entry]: ...
     def changes(self, namespace: str, after_id: int, generation: int | None) -> Changes: ...
-    def remove(self, *, namespace_prefix: str, older_than: float | None) -> int: ...
+    def remove(
+        self, *, namespace_prefix: str, older_than: float | None, exact: bool = False
+    ) -> int: ...
     def sweep(self, now: float) -> int: ...
     def remove_ids(self, namespace: str, ids: list[int]) -> int: ...
     def count(self, namespace: str, **amounts: float) -> None: ...
@@ -244,10 +246,16 @@ class SqliteStore:
             db.execute("COMMIT")
         return Changes(current, [(i, p, np.frombuffer(v, dtype=np.float32)) for i, p, v in rows])
 
-    def remove(self, *, namespace_prefix: str, older_than: float | None) -> int:
+    def remove(
+        self, *, namespace_prefix: str, older_than: float | None, exact: bool = False
+    ) -> int:
         """Remove the entries of every namespace starting with ``namespace_prefix`` ("" for
-        all), only those created before ``older_than`` when given; returns how many."""
-        where, args = "namespace LIKE ? ESCAPE '\\'", [_like_prefix(namespace_prefix)]
+        all; only that namespace with ``exact``), only those created before ``older_than``
+        when given; returns how many."""
+        if exact:
+            where, args = "namespace = ?", [namespace_prefix]
+        else:
+            where, args = "namespace LIKE ? ESCAPE '\\'", [_like_prefix(namespace_prefix)]
         if older_than is not None:
             where += " AND created < ?"
             args.append(older_than)

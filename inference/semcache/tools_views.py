@@ -37,6 +37,8 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_ARGUMENTS_BYTES = 64 * 1024
 MAX_RESULT_BYTES = 256 * 1024
 MAX_NOTE = 2000
+MAX_TTL_S = 30 * 24 * 3600
+MAX_ID = 2**63 - 1  # the stores' integer ids
 
 
 def _error(exc: ProxyError) -> JsonResponse:
@@ -71,9 +73,12 @@ async def tools_lookup(request: HttpRequest) -> HttpResponse:
     """``POST /v1/cache/tools/lookup`` (module docstring)."""
     try:
         namespace, text = _tool_call(await _body(request))
+        asked = (request.headers.get(HEADER) or "use").strip().lower()
+        if asked not in ("use", "bypass"):
+            raise BadRequest(f"{HEADER} must be 'use' or 'bypass', not {asked[:40]!r}.")
     except ProxyError as exc:
         return _error(exc)
-    if (request.headers.get(HEADER) or "").strip().lower() == "bypass":
+    if asked == "bypass":
         found: dict[str, Any] = {"hit": False, "reason": "bypass"}
     else:
         found = await db_thread(_looked_up)(namespace, text)
@@ -124,9 +129,11 @@ def _result(body: dict[str, Any]) -> tuple[str, float | None]:
         )
     ttl_s = body.get("ttl_s")
     if ttl_s is not None and (
-        isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not ttl_s > 0
+        isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s <= MAX_TTL_S
     ):
-        raise BadRequest("'ttl_s' must be a positive number of seconds.", param="ttl_s")
+        raise BadRequest(
+            f"'ttl_s' must be seconds, more than 0 and at most {MAX_TTL_S}.", param="ttl_s"
+        )
     return value, ttl_s
 
 
@@ -158,9 +165,14 @@ async def false_hits(request: HttpRequest) -> HttpResponse:
 
 def _report(body: dict[str, Any]) -> tuple[int, str, str]:
     entry_id = body.get("id")
-    if isinstance(entry_id, str) and entry_id.isdigit():
+    if (
+        isinstance(entry_id, str)
+        and entry_id.isascii()
+        and entry_id.isdigit()
+        and len(entry_id) < 20
+    ):
         entry_id = int(entry_id)
-    if isinstance(entry_id, bool) or not isinstance(entry_id, int) or entry_id <= 0:
+    if isinstance(entry_id, bool) or not isinstance(entry_id, int) or not 0 < entry_id <= MAX_ID:
         raise BadRequest("'id' must be the X-Phalanx-Cache-Id of the hit.", param="id")
     query, note = body.get("query", ""), body.get("note", "")
     for name, value in (("query", query), ("note", note)):

@@ -181,3 +181,30 @@ async def test_an_upgrade_of_the_model_forgets_its_answers(token):
     await upgrade_ends()
     after = await ask(token, "What is the largest ocean?")
     assert after["X-Phalanx-Cache"] == "miss" and after["X-Phalanx-Node"] == "cache-1"
+
+
+async def test_content_parts_are_read_as_the_node_reads_them(token):
+    parts = [{"type": "text", "text": "What is 1"}, {"type": "text", "text": "0 plus 5?"}]
+    await ask_messages(token, [{"role": "user", "content": parts}])
+    await stored()
+    spaced = await ask_messages(token, [{"role": "user", "content": "What is 1 0 plus 5?"}])
+    assert spaced["X-Phalanx-Cache"] == "miss"  # the node read "10", not "1 0"
+
+
+async def test_where_the_system_message_stands_is_part_of_the_question(token):
+    system = {"role": "system", "content": "Answer in German."}
+    user = {"role": "user", "content": "What is the capital of France?"}
+    await ask_messages(token, [system, user])
+    await stored()
+    assert (await ask_messages(token, [user, system]))["X-Phalanx-Cache"] == "miss"
+    assert (await ask_messages(token, [system, user]))["X-Phalanx-Cache"] == "hit"
+
+
+async def ask_messages(token: str, messages: list):
+    body = {"model": PACKAGE, "messages": messages, "max_tokens": 8, "temperature": 0}
+    return await AsyncClient().post(
+        "/v1/chat/completions",
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}", "X-Phalanx-Cache": "use"},
+    )

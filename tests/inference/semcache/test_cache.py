@@ -162,3 +162,10 @@ def test_a_sweep_removes_what_expired(cache) -> None:
     time.sleep(0.2)
     assert cache.store.sweep(time.time()) == 1
     assert cache.store.sizes() == {"answers:m": 1}
+
+
+def test_a_package_change_of_one_model_keeps_another_models_answers(cache) -> None:
+    put(cache, "answers:m", "Who wrote Hamlet?", "Shakespeare")
+    put(cache, "answers:m-large", "Who wrote Hamlet?", "William Shakespeare")
+    assert cache.invalidate("answers:m", exact=True) == 1
+    assert isinstance(cache.lookup("answers:m-large", "", "Who wrote Hamlet?", RULES), Hit)

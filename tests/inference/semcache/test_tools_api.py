@@ -145,3 +145,62 @@ def test_an_admin_opts_a_token_in_to_cached_answers(fresh):
     assert response.status_code == 200 and response.json()["cache_answers"] is True
     token.refresh_from_db()
     assert token.cache_answers is True
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[], None, 5, "tools:other", {"namspace": "tools:other"}, {}],
+)
+def test_an_invalidation_that_does_not_say_what_removes_nothing(fresh, body):
+    enable(fresh, "keep_me")
+    post("/v1/cache/tools", fresh, {"tool": "keep_me", "arguments": {"q": 1}, "result": 1})
+    response = Client().post(
+        "/api/cache/invalidate", json.dumps(body), content_type="application/json", headers=fresh
+    )
+    assert response.status_code in (400, 422)
+    assert post("/v1/cache/tools/lookup", fresh, {"tool": "keep_me", "arguments": {"q": 1}}).json()[
+        "hit"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"id": 10**30}, "id"),
+        ({"id": str(10**30)}, "id"),
+        ({"id": "²"}, "id"),
+        ({"id": "١٢"}, "id"),
+        ({"id": True}, "id"),
+    ],
+)
+def test_a_false_hit_report_with_an_impossible_id_is_refused(fresh, body, field):
+    response = post("/v1/cache/false-hits", fresh, body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == field
+
+
+def test_a_huge_ttl_is_refused_and_a_bad_lookup_header_too(fresh):
+    enable(fresh, "t")
+    huge = post(
+        "/v1/cache/tools", fresh, {"tool": "t", "arguments": {}, "result": 1, "ttl_s": 10**400}
+    )
+    assert huge.status_code == 400 and huge.json()["error"]["param"] == "ttl_s"
+    odd = post(
+        "/v1/cache/tools/lookup",
+        fresh,
+        {"tool": "t", "arguments": {}},
+        **{"X-Phalanx-Cache": "maybe"},
+    )
+    assert odd.status_code == 400 and "X-Phalanx-Cache" in odd.json()["error"]["message"]
+
+
+def test_a_token_in_another_case_is_another_argument(fresh):
+    enable(fresh, "auth_check")
+    post(
+        "/v1/cache/tools",
+        fresh,
+        {"tool": "auth_check", "arguments": {"token": "xYzAbC", "on": True}, "result": "ok"},
+    )
+    other = {"tool": "auth_check", "arguments": {"token": "XyZaBc", "on": True}}
+    assert post("/v1/cache/tools/lookup", fresh, other).json()["hit"] is False
+    same_city = {"tool": "auth_check", "arguments": {"token": "xYzAbC", "on": True}}
+    assert post("/v1/cache/tools/lookup", fresh, same_city).json()["hit"] is True
