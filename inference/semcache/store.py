@@ -121,32 +121,9 @@ _ENTRY_COLUMNS = (
 
 
 def _entry(row: tuple) -> Entry:
-    (
-        ident,
-        namespace,
-        partition,
-        exact_key,
-        text,
-        value,
-        created,
-        expires,
-        package,
-        tokens,
-        seconds,
-    ) = row
-    return Entry(
-        namespace,
-        partition,
-        exact_key,
-        text,
-        value,
-        created,
-        expires,
-        package,
-        tokens,
-        seconds,
-        ident,
-    )
+    """An entry from a row of ``_ENTRY_COLUMNS`` (the id first, then ``Entry``'s fields in
+    their order)."""
+    return Entry(*row[1:], id=row[0])
 
 
 class SqliteStore:
