@@ -134,6 +134,7 @@ def _looked_up(asked: Asked) -> Asked:
         asked.header, asked.reason = "skip", f"{asked.namespace} is turned off"
         return asked
     found = service.the_cache().lookup(asked.namespace, asked.partition, asked.text, rules)
+    asked.started = time.monotonic()  # a hit saves what follows: routing and the node's answer
     if isinstance(found, Hit):
         asked.header, asked.hit = "hit", found
     else:

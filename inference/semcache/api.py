@@ -22,7 +22,9 @@ FORBID_EXTRA = {"extra": "forbid"}  # a misspelt field is a 422 naming it, not i
 class NamespaceOut(Schema):
     name: str
     entries: int
-    cached: bool = Field(description="whether lookups and stores happen (rules exist, enabled)")
+    enabled: bool = Field(
+        description="whether lookups and stores happen (its rules, or the answers' defaults)"
+    )
     threshold: float | None
     ttl_s: float | None
     max_entries: int | None
@@ -56,7 +58,7 @@ def _namespace_out(row: service.NamespaceReport) -> dict:
     return {
         "name": row.name,
         "entries": row.entries,
-        "cached": rules is not None,
+        "enabled": rules is not None,
         "threshold": rules.threshold if rules else None,
         "ttl_s": rules.ttl_s if rules else None,
         "max_entries": rules.max_entries if rules else None,

@@ -8,7 +8,8 @@ A lookup, in order:
    similarity ``threshold``, most similar first;
 3. **second check**: a candidate is served only when ``guard.disagreement`` finds nothing that
    differs (numbers, units, dates, negation, antonyms, entities, tool arguments). A candidate
-   it refuses is counted as ``refused_by_check``, and the next one is tried.
+   it refuses is passed over for the next one; a lookup where it refused any counts once
+   as ``refused_by_check``.
 
 Every lookup, hit, store and saving is counted per namespace in the store, so each replica's
 hits add up. Thresholds come from ``precision.operating_point`` on our labelled pairs
@@ -102,9 +103,9 @@ class SemanticCache:
                 continue
             reason = disagreement(text, entry.text)
             if not reason:
-                return self._served(Hit(entry, score, False), refused=len(refusals))
+                return self._served(Hit(entry, score, False), refused=int(bool(refusals)))
             refusals.append(reason)
-        self.store.count(namespace, lookups=1, refused_by_check=len(refusals))
+        self.store.count(namespace, lookups=1, refused_by_check=int(bool(refusals)))
         return Miss(refusals[0] if refusals else "expired", vector, best)
 
     def _served(self, hit: Hit, refused: int = 0) -> Hit:

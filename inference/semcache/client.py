@@ -43,7 +43,7 @@ class ToolCache:
     def call(self, tool: str, arguments: dict[str, Any], run: Callable[..., Any]) -> Any:
         """The cached result of ``tool`` with ``arguments``, or ``run(**arguments)`` (stored)."""
         found = self.lookup(tool, arguments)
-        if found is not None:
+        if self.last.hit:  # a cached None is a hit too
             return found
         result = run(**arguments)
         self.store(tool, arguments, result)
@@ -69,13 +69,14 @@ class ToolCache:
     def store(
         self, tool: str, arguments: dict[str, Any], result: Any, ttl_s: float | None = None
     ) -> bool:
-        """Store ``result``; False when the array did not (the tool not enabled, too big...)."""
+        """Store ``result`` (JSON); False when it was not stored: the tool not enabled, the
+        result too big or not JSON-serialisable, the array unreachable."""
         body: dict[str, Any] = {"tool": tool, "arguments": arguments, "result": result}
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         try:
             return self.http.post("/v1/cache/tools", json=body).status_code == 201
-        except httpx.HTTPError:
+        except (httpx.HTTPError, TypeError, ValueError):  # TypeError: a result JSON cannot hold
             return False
 
     def report_false_hit(self, entry_id: int, query: str = "", note: str = "") -> bool:

@@ -169,3 +169,11 @@ def test_a_package_change_of_one_model_keeps_another_models_answers(cache) -> No
     put(cache, "answers:m-large", "Who wrote Hamlet?", "William Shakespeare")
     assert cache.invalidate("answers:m", exact=True) == 1
     assert isinstance(cache.lookup("answers:m-large", "", "Who wrote Hamlet?", RULES), Hit)
+
+
+def test_a_lookup_the_check_refused_counts_once_however_many_candidates(cache) -> None:
+    put(cache, "answers:m", "What's the weather in Paris today?", "sunny")
+    put(cache, "answers:m", "How is the weather in Paris today?", "sunny")
+    found = cache.lookup("answers:m", "", "What's the weather in London today?", RULES)
+    assert isinstance(found, Miss)
+    assert cache.store.counters()["answers:m"]["refused_by_check"] == 1

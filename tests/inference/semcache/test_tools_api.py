@@ -44,7 +44,7 @@ def test_a_tool_is_cached_only_once_an_operator_enables_it(fresh):
     refused = post("/v1/cache/tools", fresh, {**call, "result": {"temp_c": 18}})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "tool_not_cached"
     assert post("/v1/cache/tools/lookup", fresh, call).json()["hit"] is False
-    assert enable(fresh, "get_weather")["cached"] is True
+    assert enable(fresh, "get_weather")["enabled"] is True
     assert post("/v1/cache/tools", fresh, {**call, "result": {"temp_c": 18}}).status_code == 201
     reordered = {"tool": "get_weather", "arguments": {"days": 2, "city": "Paris"}}
     found = post("/v1/cache/tools/lookup", fresh, reordered)
@@ -204,3 +204,23 @@ def test_a_token_in_another_case_is_another_argument(fresh):
     assert post("/v1/cache/tools/lookup", fresh, other).json()["hit"] is False
     same_city = {"tool": "auth_check", "arguments": {"token": "xYzAbC", "on": True}}
     assert post("/v1/cache/tools/lookup", fresh, same_city).json()["hit"] is True
+
+
+def test_the_client_serves_a_cached_none_and_never_loses_a_result_json_cannot_hold(
+    fresh, live_server
+):
+    import datetime
+
+    enable(fresh, "maybe_none")
+    enable(fresh, "clock")
+    runs = []
+
+    def maybe_none(q: str) -> None:
+        runs.append(q)
+
+    cache = ToolCache(live_server.url, "env-secret")
+    assert cache.call("maybe_none", {"q": "x"}, maybe_none) is None
+    assert cache.call("maybe_none", {"q": "x"}, maybe_none) is None
+    assert runs == ["x"] and cache.last.hit is True
+    now = cache.call("clock", {"zone": "UTC"}, lambda zone: datetime.datetime.now())
+    assert isinstance(now, datetime.datetime)  # run, returned, not stored
