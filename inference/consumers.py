@@ -27,7 +27,7 @@ from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.lib import logs
-from inference import lookups, proxy, selectors, services, tokens
+from inference import lookups, proxy, selectors, tokens, transcripts
 from inference.chat_request import decode_json
 from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, ProxyError
 from inference.migration import sse_events
@@ -66,14 +66,14 @@ def _authenticate(scope: dict[str, Any]) -> str:
 def _prepare_turn(session_id: str, turn: WsTurn) -> tuple[str, list[dict[str, Any]]]:
     """The client-facing name to use (``lookups.model_for_request``: the family) and the
     messages to send: the transcript plus the new one."""
-    name = turn.model or services.session_package_name(session_id=session_id)
+    name = turn.model or transcripts.session_package_name(session_id=session_id)
     if name is None:
         default = selectors.package_default()
         if default is None:
             raise NoHealthyNode("No model package is registered.", retry_after=5)
         name = selectors.served_name(default)
     model = lookups.model_for_request(name)
-    history = services.transcript_get(session_id=session_id)
+    history = transcripts.transcript_get(session_id=session_id)
     if turn.message["role"] == "tool":
         _check_answers_a_call(history, turn.message["tool_call_id"])
     return model, [*history, turn.message]
@@ -98,7 +98,7 @@ def _check_answers_a_call(history: list[dict[str, Any]], call_id: str) -> None:
         )
 
 
-_append = sync_to_async(services.transcript_append)
+_append = sync_to_async(transcripts.transcript_append)
 
 
 class SessionConsumer(AsyncJsonWebsocketConsumer):

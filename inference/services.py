@@ -1,5 +1,6 @@
-"""The session routing table and the routing policy: everything that writes them, and the
-transcripts of sessions. (API tokens: ``inference.tokens``; packages: ``inference.packages``.)
+"""The session routing table and the routing policy: everything that writes them. (Session
+transcripts: ``inference.transcripts``; API tokens: ``inference.tokens``; packages:
+``inference.packages``.)
 
 Functions are synchronous (ORM); async edges call them through ``sync_to_async``.
 """
@@ -170,9 +171,6 @@ def route_plan(
         return _target(table, decision, model)
     now = now or timezone.now()
     pin = _session_pin(row, now=now, cooldown_s=policy.move_cooldown_s)
-    version = row.package_id if row is not None else None
-    if version is None and rollout is not None:
-        version = version_for_new_session(session_id, rollout)
     plan = _decide(
         table.views,
         model=model,
@@ -181,13 +179,21 @@ def route_plan(
         retry_after=retry_after,
         pin=pin,
         idle_release_s=policy.session_idle_release_s,
-        version=version,
+        version=_session_version(session_id, row, rollout),
         prefix=prefix,
     )
     decision = plan.decision
     record = _route_write(session_id, row, plan, pin, table, new_turn=new_turn, at=now)
     kv_source = _kv_source(table, decision, exclude or {}) if decision.action == "moved" else None
     return _target(table, decision, model, kv_source=kv_source, record=record)
+
+
+def _session_version(session_id: str, row: RouteRow | None, rollout: Rollout | None) -> int | None:
+    """The package version (id) a session's turn must run on: the one it is on, else while
+    ``rollout`` runs the one its share gives it, else None (any)."""
+    if row is not None and row.package_id is not None:
+        return row.package_id
+    return version_for_new_session(session_id, rollout) if rollout is not None else None
 
 
 def _route_write(
@@ -484,29 +490,3 @@ def policy_update(*, changes: Mapping[str, Any]) -> RoutingPolicy:
     if changed:
         audit_record(action="policy.update", target="routing policy", changes=changed)
     return policy
-
-
-def transcript_get(*, session_id: str) -> list[dict[str, Any]]:
-    """The stored transcript of a session (empty for a new one)."""
-    route = SessionRoute.objects.filter(session_id=session_id).only("transcript").first()
-    return list(route.transcript) if route else []
-
-
-@transaction.atomic
-def transcript_append(*, session_id: str, messages: list[dict[str, Any]]) -> int:
-    """Append OpenAI messages to a session's transcript (creating the route if needed);
-    returns the transcript's new length in messages."""
-    route, _ = SessionRoute.objects.select_for_update().get_or_create(session_id=session_id)
-    route.transcript = [*route.transcript, *messages]
-    route.save(update_fields=["transcript", "last_seen_at"])
-    return len(route.transcript)
-
-
-def session_package_name(*, session_id: str) -> str | None:
-    """The client-facing name of the session's model (the family its nodes are served as,
-    which an upgrade keeps), or None for a new session."""
-    from inference.model_names import family_of
-    from inference.selectors import served_name
-
-    route = SessionRoute.objects.filter(session_id=session_id).select_related("package").first()
-    return family_of(served_name(route.package)) if route and route.package else None

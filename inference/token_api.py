@@ -82,9 +82,7 @@ def tokens_create(request: HttpRequest, payload: TokenIn) -> tuple[int, dict]:
     auth=NEEDS_ADMIN,
 )
 def tokens_revoke(request: HttpRequest, token_id: int) -> dict:
-    if token_id < 1:
-        raise Invalid("token_id: must be positive.", field="token_id")
-    return _token_out(tokens.token_withdraw(token_id=token_id))
+    return _token_out(tokens.token_withdraw(token_id=_token_id(token_id)))
 
 
 class TokenPatchIn(Schema):
@@ -99,8 +97,15 @@ class TokenPatchIn(Schema):
     auth=NEEDS_ADMIN,
 )
 def tokens_change(request: HttpRequest, token_id: int, payload: TokenPatchIn) -> dict:
+    return _token_out(
+        tokens.token_set_cache_answers(
+            token_id=_token_id(token_id), cache_answers=payload.cache_answers
+        )
+    )
+
+
+def _token_id(token_id: int) -> int:
+    """A token id from a path, checked where it enters: ``Invalid`` (422) unless positive."""
     if token_id < 1:
         raise Invalid("token_id: must be positive.", field="token_id")
-    return _token_out(
-        tokens.token_set_cache_answers(token_id=token_id, cache_answers=payload.cache_answers)
-    )
+    return token_id
