@@ -1,7 +1,8 @@
 """The inference app's models: the routing policy, the session routing table and its
 decisions, API tokens; and, re-exported from their features' own modules (migrations stay in
-this app), packages (``inference.packages.models``), upgrades (``inference.upgrades.models``)
-and load tests (``inference.loadtests.models``)."""
+this app), packages (``inference.packages.models``), upgrades (``inference.upgrades.models``),
+load tests (``inference.loadtests.models``), the semantic cache's namespaces
+(``inference.semcache.models``) and registered shared prefixes (``inference.prefixes.models``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.db import models
 from inference.alerts.models import Alert, AlertDelivery, AlertSettings, AlertWebhook
 from inference.loadtests.models import CostModel, LoadScenario, LoadTestRun, LoadTestSample
 from inference.packages.models import ModelPackage, PackageJob, PackagePolicy
+from inference.prefixes.models import SharedPrefix
 from inference.semcache.models import CacheNamespace
 from inference.upgrades.models import Upgrade, UpgradeEvent, UpgradeSample
 
@@ -33,6 +35,7 @@ __all__ = [
     "RouteDecision",
     "RoutingPolicy",
     "SessionRoute",
+    "SharedPrefix",
     "Upgrade",
     "UpgradeEvent",
     "UpgradeSample",

@@ -52,7 +52,12 @@ class ModelPackage(models.Model):
         OPERATOR = "operator", "Supplied by an operator"
         NONE = "none", "None: completion-only"
 
+    class Kind(models.TextChoices):
+        CHAT = "chat", "Chat (GGUF, served by nodes)"
+        EMBEDDING = "embedding", "Embedding (ONNX, served by the control plane)"
+
     IMMUTABLE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "kind",
         "name",
         "version",
         "gguf_path",
@@ -67,6 +72,7 @@ class ModelPackage(models.Model):
         "lineage",
     )
 
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
     name = models.SlugField(max_length=128)
     version = models.CharField(max_length=64)
     family = models.CharField(
