@@ -109,6 +109,7 @@ from inference.alerts.api import router as alerts_router  # noqa: E402
 from inference.api import router as inference_router  # noqa: E402
 from inference.loadtests.api import router as loadtests_router  # noqa: E402
 from inference.packages.api import router as packages_router  # noqa: E402
+from inference.prefixes.api import router as prefixes_router  # noqa: E402
 from inference.semcache.api import router as cache_router  # noqa: E402
 from inference.token_api import router as tokens_router  # noqa: E402
 from inference.upgrades.api import router as upgrades_router  # noqa: E402
@@ -125,4 +126,5 @@ api.add_router("/", config_router)
 api.add_router("/", alerts_router)
 api.add_router("/", logs_router)
 api.add_router("/", cache_router)
+api.add_router("/", prefixes_router)
 api.add_router("/", inference_router)  # /api/sessions, /api/routing/policy

@@ -395,3 +395,25 @@ class CacheInvalidateForm(forms.Form):
         required=False, max_length=200, help_text="a namespace or its start; empty: all"
     )
     older_than_s = forms.FloatField(required=False, min_value=0, label="older than (s)")
+
+
+class SharedPrefixForm(forms.Form):
+    """An agent's opening to register (``inference.prefixes.api.PrefixIn``'s fields)."""
+
+    name = forms.SlugField(max_length=64, help_text="a slug naming the agent")
+    model = forms.CharField(
+        required=False, max_length=128, help_text="the model clients ask for; empty: every model"
+    )
+    system = forms.CharField(widget=forms.Textarea(attrs={"rows": 6}), label="System prompt")
+    tools = forms.JSONField(
+        required=False,
+        initial=list,
+        widget=forms.Textarea(attrs={"rows": 6, "class": "mono"}),
+        help_text="the agent's tools as a JSON list, OpenAI's shape",
+    )
+
+    def clean_tools(self) -> list:
+        tools = self.cleaned_data.get("tools") or []
+        if not isinstance(tools, list):
+            raise forms.ValidationError("Tools must be a JSON list of tool objects.")
+        return tools

@@ -15,6 +15,7 @@ from console import (
     node_pages,
     package_pages,
     playground_pages,
+    prefix_pages,
     routing_pages,
     token_pages,
     upgrade_pages,
@@ -95,6 +96,9 @@ urlpatterns = [
     path("cache/", cache_pages.cache, name="cache"),
     path("cache/namespace/", cache_pages.cache_namespace, name="cache_namespace"),
     path("cache/invalidate/", cache_pages.cache_invalidate, name="cache_invalidate"),
+    path("prefixes/", prefix_pages.prefixes, name="prefixes"),
+    path("prefixes/register/", prefix_pages.prefix_register, name="prefix_register"),
+    path("prefixes/<slug:name>/remove/", prefix_pages.prefix_remove, name="prefix_remove"),
     path("alerts/", alert_pages.alerts, name="alerts"),
     path(
         "alerts/<int:alert_id>/acknowledge/",

@@ -33,6 +33,7 @@ NAV = [
     ("audit", "Audit"),
     ("logs", "Logs"),
     ("cache", "Cache"),
+    ("prefixes", "Prefixes"),
     ("alerts", "Alerts"),
 ]
 

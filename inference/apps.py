@@ -67,6 +67,11 @@ class InferenceConfig(AppConfig):
                 "idle routes", lazy("inference.apps.routes_release_idle_now"), health_interval_s
             ),
             Periodic("semantic cache sweep", lazy("inference.semcache.service.sweep_now"), 60.0),
+            Periodic(
+                "shared prefixes",
+                lazy("inference.prefixes.services.prefixes_send_due"),
+                health_interval_s,
+            ),
         ):
             register_periodic(work)
 

@@ -440,3 +440,23 @@ def _error_message(response: httpx.Response) -> str:
         return response.json()["error"]["message"]
     except (ValueError, KeyError, TypeError, RecursionError):
         return f"HTTP {response.status_code}"
+
+
+def prefixes_hold(
+    address: str, *, node_id: str, prefixes: list[dict[str, Any]], timeout: float = 60.0
+) -> list[dict[str, Any]]:
+    """``POST /prefixes``: have the node prefill and keep registered agent openings
+    (``[{"messages", "tools"}]``, nodes/agent/prefix_endpoint.py); returns its
+    ``[{"agent", "tokens", "state"}]`` in the same order. Raises ``httpx.HTTPError`` on
+    network trouble or another status than 200, ``ValueError`` for an answer not in shape."""
+    response = sync_client().post(
+        f"http://{address}/prefixes",
+        json={"prefixes": prefixes},
+        headers=node_auth_headers(node_id),
+        timeout=timeout,
+    )
+    response.raise_for_status()
+    held = response.json().get("prefixes")
+    if not isinstance(held, list) or len(held) != len(prefixes):
+        raise ValueError("the node's answer to POST /prefixes is not one result per prefix")
+    return held

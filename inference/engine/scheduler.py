@@ -134,6 +134,17 @@ class Engine(DecodeStep):
 
         return self.call(clear)
 
+    def hold_prefix(self, tokens: list[int]) -> Future:
+        """Prefill ``tokens`` (a registered agent's opening) into a free sequence and keep
+        them on the prefix shelf (``warm.PrefixKeeper.hold``): its future gives ``"held"``,
+        ``"prefilled"`` or ``"busy"``, or raises ``ValueError`` when they cannot fit."""
+
+        def hold() -> str:
+            assert self.prefixes is not None and self.table is not None
+            return self.prefixes.hold(self.table, tokens, self.config.n_batch)
+
+        return self.call(hold)
+
     @property
     def queue_depth(self) -> int:
         return len(self._queue)

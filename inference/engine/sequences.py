@@ -151,6 +151,22 @@ class SequenceTable:
         seq.busy = False
         seq.last_used = self.clock()
 
+    def take_unowned(self, prompt: list[int]) -> Sequence | None:
+        """An idle sequence to hold a shared prefix for no session (``_free_sequence``; a
+        session it held is spilled to host RAM first), or None while every one is busy."""
+        seq = self._free_sequence(prompt)
+        if seq is not None:
+            self._spill_to_host(seq)
+            seq.session_id = None
+        return seq
+
+    def holding(self, tokens: list[int]) -> Sequence | None:
+        """A sequence whose KV starts with all of ``tokens``, or None."""
+        for seq in self.sequences:
+            if common_prefix_len(seq.tokens, tokens) >= len(tokens):
+                return seq
+        return None
+
     def _free_sequence(self, prompt: list[int]) -> Sequence | None:
         """An idle sequence for a new owner: an unowned one holding the longest prefix of
         ``prompt``, else the least recently used (its session is then spilled to host)."""

@@ -32,6 +32,9 @@ MAGIC = b"PHXPFX01"
 HEADER = struct.Struct("<8sII")  # magic, uses, token count
 MIN_PREFIX_TOKENS = 64  # a shorter prefix prefills in well under a second: not worth a file
 MAX_SAVED = 8  # prefix files per model and KV setting
+# the uses a registered prefix (one an operator registered: ``PrefixKeeper.hold``) is saved
+# with: above any learned prefix's count, so the shelf keeps it first and loads it first
+REGISTERED_USES = 1 << 24
 
 
 def mlock_refusal(model_bytes: int) -> str:
@@ -207,9 +210,45 @@ class PrefixKeeper:
         state = self.ctx.state_export(seq.seq_id)
         self.writer.submit(self._write, tokens, state)
 
-    def _write(self, tokens: list[int], state: bytes) -> None:
+    def hold(self, table, tokens: list[int], chunk: int) -> str:
+        """Keep ``tokens`` (a registered agent's opening) in an unowned sequence of ``table``
+        (a ``SequenceTable``) and on the shelf with ``REGISTERED_USES``; on the engine thread.
+        Returns ``"held"`` when a sequence already holds them, ``"prefilled"`` after prefilling
+        them in chunks of ``chunk`` tokens, ``"busy"`` when every sequence is busy.
+        Raises ``ValueError`` for more tokens than a sequence holds (``max_tokens``)."""
+        if len(tokens) > self.max_tokens:
+            raise ValueError(f"{len(tokens)} tokens exceed the {self.max_tokens} a sequence holds")
+        seq = table.holding(tokens)
+        exact = seq is not None and len(seq.tokens) == len(tokens)
+        if seq is not None and (exact or self.shelf is None or self.shelf.has(tokens)):
+            return "held"
+        seq = table.take_unowned(tokens)
+        if seq is None:
+            return "busy"
+        self._prefill(seq, tokens, chunk)
+        if self.shelf is not None:
+            self._seen.add(prefix_key(tokens))
+            state = self.ctx.state_export(seq.seq_id)
+            self.writer.submit(self._write, list(tokens), state, REGISTERED_USES)
+        return "prefilled"
+
+    def _prefill(self, seq, tokens: list[int], chunk: int) -> None:
+        """Decode ``tokens`` into ``seq`` from position 0 (logits for the last one only)."""
+        batch = self.ctx.batch
+        self.ctx.seq_truncate(seq.seq_id, 0)
+        seq.tokens.clear()
+        step = max(1, min(chunk, batch.capacity))
+        for start in range(0, len(tokens), step):
+            batch.clear()
+            for offset, token in enumerate(tokens[start : start + step]):
+                batch.add(token, start + offset, seq.seq_id, start + offset == len(tokens) - 1)
+            self.ctx.decode()
+            seq.tokens.extend(tokens[start : start + step])
+        batch.clear()
+
+    def _write(self, tokens: list[int], state: bytes, uses: int = 2) -> None:
         try:
-            self.shelf.save(tokens, state, uses=2)
+            self.shelf.save(tokens, state, uses=uses)
             self.saved += 1
         except Exception as exc:  # a shelf that cannot be written costs warm starts, not turns
             log.warning("shared prefix not saved: %s", exc)

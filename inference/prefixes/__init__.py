@@ -1,2 +1,2 @@
 """Shared prefixes registered by operators: agent system prompts with tool schemas that every
-node serving their model prefills and keeps (``docs/warm-starts.md``)."""
+node serving their model prefills and keeps (``docs/engine.md, "Registered prefixes"``)."""

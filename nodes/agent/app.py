@@ -10,6 +10,7 @@ from nodes.agent.asgi_io import ClientGone, Receive, Send, header
 from nodes.agent.auth import proving
 from nodes.agent.chat_endpoint import ChatEndpoint
 from nodes.agent.package_endpoint import PackageEndpoint
+from nodes.agent.prefix_endpoint import PrefixEndpoint
 from nodes.agent.session_endpoints import SessionEndpoints
 from nodes.agent.status_endpoints import StatusEndpoints
 from nodes.agent.validation_endpoint import ValidationEndpoint
@@ -36,6 +37,7 @@ ROUTES = (
     Route(re.compile(r"^/package$"), ("GET", "PUT"), "_package", "/package"),
     Route(re.compile(r"^/validation$"), ("GET", "POST"), "_validation", "/validation"),
     Route(re.compile(r"^/v1/chat/completions$"), ("POST",), "_chat", "/v1/chat/completions"),
+    Route(re.compile(r"^/prefixes$"), ("POST",), "_prefixes", "/prefixes"),
     Route(
         re.compile(r"^/sessions/(?P<sid>[^/]{1,200})(?P<state>/state)?/?$"),
         ("GET", "PUT", "DELETE"),
@@ -45,9 +47,16 @@ ROUTES = (
 )
 
 
-class NodeApp(StatusEndpoints, ChatEndpoint, PackageEndpoint, ValidationEndpoint, SessionEndpoints):
+class NodeApp(
+    StatusEndpoints,
+    ChatEndpoint,
+    PackageEndpoint,
+    PrefixEndpoint,
+    ValidationEndpoint,
+    SessionEndpoints,
+):
     """Routes requests to the engine through the endpoints of each concern (status, chat,
-    package, validation, sessions), all over one ``NodeState``. ``service`` is set once the
+    package, shared prefixes, validation, sessions), all over one ``NodeState``. ``service`` is set once the
     engine has loaded."""
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:

@@ -124,6 +124,30 @@ class ChatService:
         return Generation(request=request, events=events, chat=chat)
 
 
+OPENING_CUT = "\u2063phalanx-opening-ends-here\u2063"  # where an agent's opening ends
+
+
+def opening_tokens(service: ChatService, chat: ChatRequest) -> list[int]:
+    """The tokens every request of ``chat``'s agent starts with: ``chat.messages`` (its
+    leading system messages, then a user message whose content is ``OPENING_CUT``) rendered
+    as a request would be, cut where the user's words start, less the last token (which the
+    user's words may merge with). Raises ``BadRequest`` as ``ChatService.start`` does."""
+    model = service.engine.model
+    assert model is not None
+    try:
+        text = service.formatter.render(chat.messages, chat.tool_mode)
+    except NoChatTemplate as exc:
+        raise BadRequest(str(exc), param="model", code="no_chat_template") from exc
+    except TemplateError as exc:
+        raise BadRequest(str(exc), param="messages", code="template_error") from exc
+    cut = text.find(OPENING_CUT)
+    if cut < 0:
+        raise BadRequest("the chat template drops the user's words", param="messages")
+    opening = text[:cut]
+    add_bos = needs_bos(opening, bos_token=model.bos_token, add_bos=model.add_bos)
+    return model.tokenize(opening, add_special=add_bos)[:-1]
+
+
 def _grammar(chat: ChatRequest) -> str | None:
     """The GBNF for the request's tools or response format; ``BadRequest`` when a JSON schema
     in them cannot be turned into a grammar."""

@@ -195,3 +195,25 @@ def test_the_cache_page_shows_a_hit_and_an_operator_opts_a_tool_in(page_as, arra
     playwright_sync.expect(tool_row).to_contain_text("yes")
     playwright_sync.expect(tool_row).to_contain_text("0.8")
     shot(page, "cache")
+
+
+def test_an_operator_registers_an_agents_opening_and_sees_the_node_take_it(
+    page_as, array, healthy_node
+):
+    page = page_as("operator")
+    page.goto(f"{array.url}/prefixes/")
+    page.fill("#id_name", "field-agent")
+    page.fill("#id_system", "You are the field agent. Check the work order before answering.")
+    page.fill("#id_tools", '[{"type": "function", "function": {"name": "order_find"}}]')
+    page.click("#prefix-form button")
+    row = page.locator('#prefixes-table tr[data-prefix="field-agent"]')
+    playwright_sync.expect(row).to_contain_text("every model")
+    held = row.locator(".held-by")
+    deadline = time.monotonic() + 60
+    while healthy_node not in held.inner_text() and time.monotonic() < deadline:
+        page.wait_for_timeout(1000)  # the control loop sends it, then reads the node's metrics
+        page.reload()
+    playwright_sync.expect(held).to_have_text(healthy_node)
+    shot(page, "prefixes")
+    page.click('#prefixes-table tr[data-prefix="field-agent"] button')
+    playwright_sync.expect(page.locator("#prefixes-table")).to_contain_text("No prefix registered.")
