@@ -12,12 +12,13 @@
 3. **A miss's added latency**: the lookup that misses, P50, per store (goal < 5 ms embedded,
    < 10 ms Redis), and end to end through a real array (a node with the bundled model, a
    control plane, a control loop): TTFT of requests that opt in and miss (every question is
-   new) against requests that bypass the cache, alternating, one at a time.
+   new) against requests that bypass the cache, alternating, one at a time; once with the
+   embedded store and once with a control plane on ``REDIS_URL`` (database 13, emptied after).
 
     python bench/semantic_cache.py [--quick]     # --quick: under 3 minutes
 
 Ends with one JSON line: ``avoided_share``, ``false_hits`` (replay + labelled, both stores),
-``miss_overhead_ms_p50`` (end to end, embedded), and the details.
+``miss_overhead_ms_p50`` (end to end, embedded), ``miss_overhead_ms_p50_redis``, and the details.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from inference.semcache.store import Entry, SqliteStore  # noqa: E402
 
 RULES = Rules(DEFAULT_THRESHOLD, DEFAULT_TTL_S, DEFAULT_MAX_ENTRIES)
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# the end-to-end run's control plane: a database of its own, emptied after the run
+E2E_REDIS_URL = os.environ.get("BENCH_E2E_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 def _stores(home: Path) -> dict:
@@ -148,22 +151,45 @@ async def end_to_end(plane: ControlPlane, requests: int) -> dict[str, list[float
     return ttft
 
 
-def through_array(requests: int) -> dict[str, list[float]]:
+def through_array(requests: int) -> dict[str, dict[str, list[float]]]:
+    """``end_to_end`` on one node, through a control plane with the embedded store, then
+    through one with ``REDIS_URL`` (its own database, ``E2E_REDIS_URL``, emptied after)."""
     log_dir = Path(tempfile.mkdtemp(prefix="bench-semcache-array-"))
     node = start_node(
         "node-cache", log_dir, extra_args=["--sequences", "2", "--ctx-per-seq", "1024"]
     )
-    plane = ControlPlane(
-        {"node-cache": node.url.removeprefix("http://")},
-        log_dir,
-        policy={"health_interval_s": 2.0, "canary_idle_s": 0},
-        env={"PHALANX_SHIP_LOGS": "0"},
-    )
+    out = {}
     try:
-        return asyncio.run(end_to_end(plane, requests))
+        for name, env in (("embedded", {}), ("redis", {"REDIS_URL": E2E_REDIS_URL})):
+            plane = ControlPlane(
+                {"node-cache": node.url.removeprefix("http://")},
+                _made(log_dir / name),
+                policy={"health_interval_s": 2.0, "canary_idle_s": 0},
+                env={"PHALANX_SHIP_LOGS": "0", **env},
+            )
+            try:
+                out[name] = asyncio.run(end_to_end(plane, requests))
+            finally:
+                plane.stop()
     finally:
-        plane.stop()
         node.stop()
+        _empty(E2E_REDIS_URL)
+    return out
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _empty(url: str) -> None:
+    """Remove what the Redis-backed control plane stored in the bench's database."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter("*"))
+    if keys:
+        client.delete(*keys)
 
 
 def _share(result: dict) -> float:
@@ -177,8 +203,8 @@ def main() -> None:
     args = parser.parse_args()
     sessions, requests = (150, 20) if args.quick else (600, 60)
     stores = in_process(sessions)
-    ttft = through_array(requests)
-    added = percentile(ttft["use"], 50) - percentile(ttft["bypass"], 50)
+    runs = through_array(requests)
+    added = {n: percentile(t["use"], 50) - percentile(t["bypass"], 50) for n, t in runs.items()}
     for name, result in stores.items():
         counts = result["counts"]
         print(
@@ -190,10 +216,11 @@ def main() -> None:
         )
         for query, served in (result["false_hits"] + result["labelled_false_hits"])[:5]:
             print(f"  FALSE HIT: {query!r} served {served!r}")
-    print(
-        f"end to end: TTFT P50 bypass {percentile(ttft['bypass'], 50):.2f} ms, opted in and "
-        f"missing {percentile(ttft['use'], 50):.2f} ms (+{added:.2f} ms)"
-    )
+    for name, run in runs.items():
+        print(
+            f"end to end, {name}: TTFT P50 bypass {percentile(run['bypass'], 50):.2f} ms, "
+            f"opted in and missing {percentile(run['use'], 50):.2f} ms (+{added[name]:.2f} ms)"
+        )
     embedded = stores["embedded"]
     emit(
         {
@@ -207,11 +234,15 @@ def main() -> None:
             "false_hits": sum(
                 len(r["false_hits"]) + len(r["labelled_false_hits"]) for r in stores.values()
             ),
-            "miss_overhead_ms_p50": round(added, 2),
+            "miss_overhead_ms_p50": round(added["embedded"], 2),
+            "miss_overhead_ms_p50_redis": round(added["redis"], 2),
             "miss_lookup_ms_p50": {
                 n: round(percentile(r["miss_ms"], 50), 2) for n, r in stores.items()
             },
-            "ttft_ms_p50": {k: round(percentile(v, 50), 2) for k, v in ttft.items()},
+            "ttft_ms_p50": {
+                name: {k: round(percentile(v, 50), 2) for k, v in run.items()}
+                for name, run in runs.items()
+            },
         }
     )
 
