@@ -39,6 +39,8 @@ TOOLS = "\n".join(
         ("audit_item", "audits"),
         ("ship_item", "ships"),
         ("receive_item", "receives"),
+        ("weigh_item", "weighs"),
+        ("repair_item", "repairs"),
     ]
 )
 SYSTEM = (
@@ -46,7 +48,7 @@ SYSTEM = (
     "call a tool when the user asks for a change. Never invent item ids; ask when one is "
     f"missing. Quantities are whole numbers. Tools:\n{TOOLS}\n"
     "Rules: reserve before you ship; count after every move; report errors as they are."
-) * 2
+)
 NODE_ARGS = ["--sequences", "4", "--ctx-per-seq", "2048", "--threads", "2"]
 
 
