@@ -27,6 +27,7 @@ from console.lib.log_shipping import ENV_LOGS_URL
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.models import ModelPackage
 from inference.packages.services import package_import_file
+from inference.semcache.package import embedding_package_register
 from inference.tokens import ENV_TOKEN, token_issue
 from nodes.agent.auth import ENV_CREDENTIAL, ENV_PROOF_KEY
 from nodes.credentials import array_id, node_keys
@@ -96,7 +97,8 @@ def array_bootstrap(
     *, nodes: int, mint_token: bool = True, node_base_port: int = NODE_BASE_PORT
 ) -> BootstrapResult:
     """Make the embedded array's inventory (idempotent): the bundled model on disk and
-    registered, nodes ``node-01..node-NN`` at ``127.0.0.1:<node_base_port>..``, one CPU each, an ``admin``
+    registered, the sentence encoder registered and gated as the embedding package
+    ``all-minilm-l6-v2`` (``inference.semcache.package``), nodes ``node-01..node-NN`` at ``127.0.0.1:<node_base_port>..``, one CPU each, an ``admin``
     superuser, and a fresh API token unless ``$PHALANX_API_TOKEN`` is set.
 
     ``$PHALANX_ADMIN_PASSWORD`` (or the older ``$PHALANX_OPERATOR_PASSWORD``), when set, becomes
@@ -130,6 +132,7 @@ def array_bootstrap(
             token = token_issue(
                 name=f"bootstrap {time.strftime('%Y-%m-%d %H:%M:%S')}", role=Role.ADMIN
             )[1]
+    embedding_package_register()  # the semantic cache's encoder, gated (about 2 s, once)
     stored = Path(package.gguf_path)
     return BootstrapResult(
         package, stored if stored.is_file() else model_path, made, password, token

@@ -170,6 +170,29 @@ def rollout_for(model: str) -> Any:
     return _cached("rollouts", "", _rollouts, ROLLOUT_TTL_S).get(model)
 
 
+EMBEDDING_TTL_S = 2.0  # a newly approved embedding package reaches every process within this
+
+
+def array_embedding() -> Any:
+    """The array's encoder (``inference.semcache.package.array_embedding_load``: the newest
+    approved embedding package, an ``EmbeddingModel``), cached ``EMBEDDING_TTL_S`` seconds.
+    Raises ``NoEncoder`` (503) when none is approved."""
+    from inference.semcache.package import array_embedding_load
+
+    return _cached("embedding", "", array_embedding_load, EMBEDDING_TTL_S)
+
+
+async def aembedding_for_request(model: str) -> Any:
+    """``inference.semcache.package.embedding_for_request`` (the approved embedding package
+    a ``/v1/embeddings`` request's ``model`` names), cached ``EMBEDDING_TTL_S`` seconds by the
+    ``model`` string. Raises ``UnknownModel`` (404), ``BadRequest`` (400: a chat model)."""
+    from inference.semcache.package import embedding_for_request
+
+    return await _acached(
+        "embedding-model", model, lambda: embedding_for_request(model), EMBEDDING_TTL_S
+    )
+
+
 def pinned_counts_cached() -> PinnedCounts:
     """``inference.node_table.pinned_counts``, read at most every ``PINNED_TTL_S`` seconds; the
     route writer's ledger adds what this process pinned since (``pinned_delta``)."""

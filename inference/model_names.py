@@ -53,7 +53,9 @@ def model_resolve(*, model: str) -> str:
     under, itself; else what the policy's ``model_aliases`` map it to, else its
     ``default_model`` (each resolved the same way).
 
-    Raises ``inference.errors.UnknownModel`` (404 ``model_not_found``, ``param`` model)."""
+    Raises ``inference.errors.UnknownModel`` (404 ``model_not_found``, ``param`` model);
+    ``BadRequest`` (400 ``model_not_chat``) when it names an embedding package (those answer
+    ``/v1/embeddings``, never a chat)."""
     from inference.errors import UnknownModel
     from inference.models import RoutingPolicy
 
@@ -80,18 +82,36 @@ def _known(model: str) -> str | None:
     packages = ModelPackage.objects.filter(name=name)
     if version:
         packages = packages.filter(version=version)
-    package = packages.order_by("-created_at", "-id").only("name", "family").first()
+    package = packages.order_by("-created_at", "-id").only("name", "family", "kind").first()
     if package is not None:
+        _check_chat(model, {package.kind})
         return package.family or family_of(package.name)
     if version:
         return None
-    if ModelPackage.objects.filter(family=name).exists():
+    kinds = set(ModelPackage.objects.filter(family=name).values_list("kind", flat=True))
+    if kinds:
+        _check_chat(model, kinds)
         return name
     names = ModelPackage.objects.filter(name__startswith=name).values_list("name", flat=True)
     if any(family_of(n) == name for n in names):  # a version without a family recorded
         return name
     served = Node.objects.filter(served_name=name).exists()
     return family_of(name) if served else None
+
+
+def _check_chat(model: str, kinds: set[str]) -> None:
+    """Raises ``BadRequest`` (400) when the packages ``model`` names (of ``kinds``) are all
+    embedding packages."""
+    from inference.errors import BadRequest
+    from inference.models import ModelPackage
+
+    if kinds == {ModelPackage.Kind.EMBEDDING}:
+        raise BadRequest(
+            f"{model.strip()!r} is an embedding model; use /v1/embeddings (chat completions "
+            "need a chat model: GET /v1/models lists them with their kind).",
+            code="model_not_chat",
+            param="model",
+        )
 
 
 def package_resolve(*, model: str) -> ModelPackage:

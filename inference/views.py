@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -32,6 +32,7 @@ from inference.request_checks import (
 from inference.semcache import answers
 from inference.semcache.embeddings_request import check_embeddings_body, embeddings_body
 from inference.semcache.encoder import shared_encoder
+from inference.semcache.package import embedding_models, onnx_dir
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"
@@ -195,9 +196,11 @@ async def _whole(upstream: Upstream) -> tuple[HttpResponse, Upstream]:
 
 @csrf_exempt
 async def models_list(request: HttpRequest) -> HttpResponse:
-    """OpenAI model list of what clients can ask for now (``selectors.served_models``):
-    ``{"object": "list", "data": [{"id": family, "object": "model", "created": s,
-    "owned_by", "up": nodes, "versions": [{"package": "name:version", "up": nodes}]}]}``."""
+    """OpenAI model list of what clients can ask for now: the chat models of up nodes
+    (``selectors.served_models``) ``{"object": "list", "data": [{"id": family, "object":
+    "model", "created": s, "owned_by", "kind": "chat", "up": nodes, "versions": [{"package":
+    "name:version", "up": nodes}]}]}``, then the approved embedding packages the control plane
+    serves (``kind`` ``embedding``, no node counts; ``/v1/embeddings``)."""
     try:
         if request.method != "GET":
             raise MethodNotAllowed("Use GET for /v1/models.")
@@ -211,36 +214,55 @@ async def models_list(request: HttpRequest) -> HttpResponse:
             "object": "model",
             "owned_by": "phalanx",
             "created": model.created,
+            "kind": "chat",
             "up": model.up,
             "versions": [{"package": v.package, "up": v.up} for v in model.versions],
         }
         for model in served
         if model.up
     ]
-    return JsonResponse({"object": "list", "data": data})
+    return JsonResponse({"object": "list", "data": data + await db_thread(_embedding_listed)()})
+
+
+def _embedding_listed() -> list[dict[str, Any]]:
+    """The approved embedding packages as ``/v1/models`` entries, one per family."""
+    entries: dict[str, dict[str, Any]] = {}
+    for model in embedding_models():  # newest first
+        entry = entries.setdefault(
+            model.family,
+            {"id": model.family, "object": "model", "owned_by": "phalanx", "kind": "embedding"},
+        )
+        entry.setdefault("created", model.created)
+        entry.setdefault("versions", []).append({"package": model.key})
+    return list(entries.values())
 
 
 @csrf_exempt
 async def embeddings(request: HttpRequest) -> HttpResponse:
-    """OpenAI's ``POST /v1/embeddings`` with the array's sentence encoder
-    (``inference.semcache.encoder``; ``model`` ``all-minilm-l6-v2``). Same token as chat."""
+    """OpenAI's ``POST /v1/embeddings`` with the approved embedding package ``model`` names
+    (its name, ``name:version`` or family: ``inference.semcache.package``; the answer's
+    ``model`` is its family), run by this process (``inference.semcache.encoder``). Same
+    token as chat. 404 ``model_not_found`` naming the embedding models for any other name,
+    400 for a chat model's."""
     try:
         if request.method != "POST":
             raise MethodNotAllowed("Use POST for /v1/embeddings.")
         await _authenticate(request)
         asked = check_embeddings_body(parse_json_object(request.body))
-        vectors, tokens = await _embedded(asked.texts)
+        served = await lookups.aembedding_for_request(asked.model)
+        vectors, tokens = await _embedded(served.files, asked.texts)
     except ProxyError as exc:
         return error_response(exc)
-    return JsonResponse(embeddings_body(vectors, base64_encoded=asked.base64, tokens=tokens))
+    body = embeddings_body(vectors, base64_encoded=asked.base64, tokens=tokens, model=served.family)
+    return JsonResponse(body)
 
 
 EMBEDDING_SLOTS = 2  # requests a process embeds at once; more get 503 with Retry-After
 _embedding: list[int] = [0]
 
 
-async def _embedded(texts: list[str]) -> tuple[Any, int]:
-    """(vectors, tokens) of ``texts``, at most ``EMBEDDING_SLOTS`` requests at a time (the
+async def _embedded(files: Path, texts: list[str]) -> tuple[Any, int]:
+    """(vectors, tokens) of ``texts`` by the encoder of the package files in ``files``, at most ``EMBEDDING_SLOTS`` requests at a time (the
     encoder takes CPU the proxy needs); ``ProxyError`` 503 when they are taken."""
     if _embedding[0] >= EMBEDDING_SLOTS:
         raise ProxyError(
@@ -251,7 +273,7 @@ async def _embedded(texts: list[str]) -> tuple[Any, int]:
         )
     _embedding[0] += 1
     try:
-        encoder = await asyncio.to_thread(shared_encoder, settings.MODEL_DIR / "embeddings")
+        encoder = await asyncio.to_thread(shared_encoder, onnx_dir(), files)
         vectors = await asyncio.to_thread(encoder.embed, texts)
         return vectors, await asyncio.to_thread(encoder.count_tokens, texts)
     finally:

@@ -22,6 +22,16 @@ class ModelPackage(models.Model):
     policy and the side-by-side comparison are per family) and is the OpenAI ``model`` clients
     ask for; a package's ``name`` or ``name:version`` resolves to its family
     (``inference.model_names``).
+
+    ``kind`` says what runs it: ``chat`` (a GGUF that nodes serve) or ``embedding`` (a
+    sentence encoder the control-plane processes run with onnxruntime for ``/v1/embeddings``
+    and the semantic cache, never a node: ``inference.semcache.package``). An embedding
+    package's ``gguf_path`` holds the DIRECTORY of its files (tokenizer.json,
+    model.safetensors, config.json, as its Python package installed them), its ``sha256`` is
+    model.safetensors'; quantization ``F32``, architecture ``bert``, ``parameters`` counted
+    from the safetensors header, ``context_window`` 256 (``encoder.MAX_TOKENS``),
+    ``template_source`` ``none``; its ``evaluation`` and ``gate`` are those of
+    ``embedding_evaluation`` (the labelled pairs), not the chat suite's.
     """
 
     class Status(models.TextChoices):

@@ -7,7 +7,8 @@ hold no assistant or tool message: no session yet, or a session's first turn) an
 a ``temperature`` of at most ``MAX_TEMPERATURE`` (absent means the node's default, 0.8). The
 namespace is ``answers:<model>``; the partition is a digest of everything but the user's
 words that shapes the answer (system and developer messages, tools, response format, limits);
-the text compared is the user messages. The answer is stored when it ended well
+the text compared is the user messages (within the array's encoder's partitions:
+``service.the_cache``). The answer is stored when it ended well
 (``finish_reason`` ``stop``, ``tool_calls`` or ``length``).
 
 Response headers: ``X-Phalanx-Cache`` ``hit`` (with ``X-Phalanx-Cache-Similarity``,
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console.lib.bare_http import db_thread
+from inference.errors import ProxyError
 from inference.semcache import service
 from inference.semcache.cache import Hit, Miss
 from inference.semcache.store import Entry
@@ -133,7 +135,12 @@ def _looked_up(asked: Asked) -> Asked:
     if rules is None:
         asked.header, asked.reason = "skip", f"{asked.namespace} is turned off"
         return asked
-    found = service.the_cache().lookup(asked.namespace, asked.partition, asked.text, rules)
+    try:
+        cache = service.the_cache()
+    except ProxyError as exc:  # no approved embedding package: answer without the cache
+        asked.header, asked.reason = "skip", exc.message
+        return asked
+    found = cache.lookup(asked.namespace, asked.partition, asked.text, rules)
     asked.started = time.monotonic()  # a hit saves what follows: routing and the node's answer
     if isinstance(found, Hit):
         asked.header, asked.hit = "hit", found
@@ -163,7 +170,7 @@ def _store(asked: Asked, completion: dict[str, Any], package: str, seconds: floa
         asked.namespace, asked.partition, "", asked.text, json.dumps(completion), 0.0, 0.0,
         package=package, tokens=int(usage.get("total_tokens") or 0), seconds=round(seconds, 4),
     )  # fmt: skip
-    service.the_cache().put(entry, rules, asked.miss.vector)
+    service.the_cache().put(entry, rules, asked.miss.vector, asked.miss.encoder)
 
 
 def _ended_well(completion: dict[str, Any]) -> bool:

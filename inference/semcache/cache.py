@@ -11,6 +11,10 @@ A lookup, in order:
    it refuses is passed over for the next one; a lookup where it refused any counts once
    as ``refused_by_check``.
 
+Partitions are the encoder's: a cache made with ``encoder`` (the embedding package's
+``name:version``) looks up and stores under ``<encoder>|<partition>``, so the vectors of two
+encoders are never compared (a new encoder starts empty; the old entries expire).
+
 Every lookup, hit, store and saving is counted per namespace in the store, so each replica's
 hits add up. Thresholds come from ``precision.operating_point`` on our labelled pairs
 (``docs/semcache.md``). No Django here.
@@ -60,6 +64,7 @@ class Miss:
     reason: str  # why not: "empty", "below threshold", or what the second check found
     vector: np.ndarray  # the text's embedding, for storing the answer without a second pass
     best_similarity: float | None = None
+    encoder: str = ""  # the encoder that made ``vector`` (``SemanticCache.encoder``)
 
 
 def exact_key(text: str) -> str:
@@ -74,16 +79,29 @@ def tool_text(tool: str, arguments: object) -> str:
 
 
 class SemanticCache:
-    """Lookups and stores over ``store`` with ``embed`` (texts -> unit vectors, n x dims)."""
+    """Lookups and stores over ``store`` with ``embed`` (texts -> unit vectors, n x dims), in
+    the partitions of ``encoder`` (the key of the model ``embed`` runs; "" for none)."""
 
-    def __init__(self, store: Store, embed: Callable[[list[str]], np.ndarray], dimensions: int):
+    def __init__(
+        self,
+        store: Store,
+        embed: Callable[[list[str]], np.ndarray],
+        dimensions: int,
+        encoder: str = "",
+    ):
         self.store = store
         self.embed = embed
         self.index = VectorIndex(dimensions)
+        self.encoder = encoder
+
+    def stored_partition(self, partition: str) -> str:
+        """``partition`` as this cache stores it: ``<encoder>|<partition>`` (itself without
+        an encoder)."""
+        return f"{self.encoder}|{partition}" if self.encoder else partition
 
     def lookup(self, namespace: str, partition: str, text: str, rules: Rules) -> Hit | Miss:
         """A hit for ``text`` in ``namespace``/``partition``, or a miss that says why."""
-        key = exact_key(text)
+        key, partition = exact_key(text), self.stored_partition(partition)
         found = self.store.exact(namespace, partition, key)
         if found is not None:
             return self._served(Hit(found, 1.0, True))
@@ -93,7 +111,7 @@ class SemanticCache:
         best = nearest[0][1] if nearest else None
         if not close:
             self.store.count(namespace, lookups=1)
-            return Miss("empty" if best is None else "below threshold", vector, best)
+            return Miss("empty" if best is None else "below threshold", vector, best, self.encoder)
         entries = {e.id: e for e in self.store.entries([ident for ident, _ in close])}
         refusals = []
         now = time.time()
@@ -106,7 +124,7 @@ class SemanticCache:
                 return self._served(Hit(entry, score, False), refused=int(bool(refusals)))
             refusals.append(reason)
         self.store.count(namespace, lookups=1, refused_by_check=int(bool(refusals)))
-        return Miss(refusals[0] if refusals else "expired", vector, best)
+        return Miss(refusals[0] if refusals else "expired", vector, best, self.encoder)
 
     def _served(self, hit: Hit, refused: int = 0) -> Hit:
         self.store.count(
@@ -125,10 +143,17 @@ class SemanticCache:
         entry: Entry,
         rules: Rules,
         vector: np.ndarray | None = None,
+        encoder: str | None = None,
     ) -> Entry:
-        """Store ``entry`` (``exact_key``, ``created`` and ``expires`` are set here from its
-        text and ``rules``); ``vector`` when the lookup already embedded the text."""
+        """Store ``entry`` in its partition of this cache's encoder (``exact_key``,
+        ``partition``, ``created`` and ``expires`` are set here from its text and ``rules``);
+        ``vector`` when the lookup already embedded the text, with the ``encoder`` that did
+        (``Miss.encoder``): a vector of another encoder is not stored, the text is embedded
+        again."""
+        if encoder is not None and encoder != self.encoder:
+            vector = None
         entry.exact_key = exact_key(entry.text)
+        entry.partition = self.stored_partition(entry.partition)
         entry.created = time.time()
         entry.expires = entry.created + rules.ttl_s
         if vector is None:

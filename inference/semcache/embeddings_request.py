@@ -1,6 +1,7 @@
 """``POST /v1/embeddings``' request, checked where it enters (OpenAI's shape: ``input`` a
 string or a list of strings, ``model``, ``encoding_format`` float or base64, ``dimensions``).
-No Django here."""
+Which embedding package ``model`` names is the view's question
+(``inference.semcache.package.embedding_for_request``). No Django here."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from inference.errors import BadRequest, UnknownModel
-from inference.semcache.encoder import DIMENSIONS, MODEL_NAME
+from inference.errors import BadRequest
+from inference.semcache.encoder import DIMENSIONS
 
 MAX_INPUTS = 256  # texts a request (the encoder takes about 70 ms a long one on one core)
 MAX_INPUT_CHARS = 32768  # a text past this is refused, not silently cut
@@ -20,21 +21,16 @@ MAX_TOTAL_CHARS = 200_000  # a request's texts together: about 10 s of one core 
 
 @dataclass(frozen=True)
 class EmbeddingsRequest:
+    model: str
     texts: list[str]
     base64: bool
 
 
 def check_embeddings_body(body: dict[str, Any]) -> EmbeddingsRequest:
-    """The request ``body`` asks for; ``BadRequest`` (400) naming the field that is wrong,
-    ``UnknownModel`` (404) for a model other than ``MODEL_NAME``."""
+    """The request ``body`` asks for; ``BadRequest`` (400) naming the field that is wrong."""
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or not model.strip():
         raise BadRequest("model: required, a string", param="model")
-    if model != MODEL_NAME:
-        raise UnknownModel(
-            f"The embedding model {model!r} does not exist; this array serves {MODEL_NAME!r}.",
-            param="model",
-        )
     texts = _texts(body.get("input"))
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
@@ -42,10 +38,11 @@ def check_embeddings_body(body: dict[str, Any]) -> EmbeddingsRequest:
     dimensions = body.get("dimensions")
     if dimensions is not None and dimensions != DIMENSIONS:
         raise BadRequest(
-            f"dimensions: {MODEL_NAME} gives {DIMENSIONS} (it cannot shorten its vectors)",
+            f"dimensions: the embedding models give {DIMENSIONS} (they cannot shorten their "
+            "vectors)",
             param="dimensions",
         )
-    return EmbeddingsRequest(texts=texts, base64=encoding == "base64")
+    return EmbeddingsRequest(model=model, texts=texts, base64=encoding == "base64")
 
 
 def _texts(value: Any) -> list[str]:
@@ -71,10 +68,13 @@ def _texts(value: Any) -> list[str]:
     return texts
 
 
-def embeddings_body(vectors: np.ndarray, *, base64_encoded: bool, tokens: int) -> dict[str, Any]:
+def embeddings_body(
+    vectors: np.ndarray, *, base64_encoded: bool, tokens: int, model: str
+) -> dict[str, Any]:
     """OpenAI's answer: ``{"object": "list", "data": [{"object": "embedding", "index",
-    "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}``; base64: the
-    float32 little-endian bytes, as OpenAI encodes them."""
+    "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}``; ``model`` is the
+    embedding package's family; base64: the float32 little-endian bytes, as OpenAI encodes
+    them."""
     data = []
     for i, row in enumerate(vectors):
         if base64_encoded:
@@ -83,4 +83,4 @@ def embeddings_body(vectors: np.ndarray, *, base64_encoded: bool, tokens: int) -
             embedding = [round(float(x), 7) for x in row]
         data.append({"object": "embedding", "index": i, "embedding": embedding})
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return {"object": "list", "data": data, "model": MODEL_NAME, "usage": usage}
+    return {"object": "list", "data": data, "model": model, "usage": usage}

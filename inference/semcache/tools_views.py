@@ -93,7 +93,11 @@ def _looked_up(namespace: str, text: str) -> dict[str, Any]:
     rules = service.rules_for(namespace)
     if rules is None:
         return {"hit": False, "reason": f"{namespace} is not cached (an operator enables it)"}
-    found = service.the_cache().lookup(namespace, "", text, rules)
+    try:
+        cache = service.the_cache()
+    except ProxyError as exc:  # no approved embedding package: nothing to compare with
+        return {"hit": False, "reason": exc.message}
+    found = cache.lookup(namespace, "", text, rules)
     if not isinstance(found, Hit):
         return {"hit": False, "reason": found.reason}
     return {

@@ -33,8 +33,11 @@ def model_file(tmp_path, monkeypatch, settings):
 def test_it_bootstraps_the_inventory_idempotently(model_file):
     first = embedded.array_bootstrap(nodes=2)
     second = embedded.array_bootstrap(nodes=2)
-    assert ModelPackage.objects.count() == 1
-    package = ModelPackage.objects.get()
+    assert ModelPackage.objects.filter(kind="chat").count() == 1
+    package = ModelPackage.objects.get(kind="chat")
+    # and the semantic cache's encoder, registered once and gated by its evaluation
+    [encoder] = ModelPackage.objects.filter(kind="embedding")
+    assert encoder.name == "all-minilm-l6-v2" and encoder.status == "approved"
     assert package.name == embedded.BUNDLED_PACKAGE_NAME and package.quantization == "Q4_1"
     assert package.status == "draft" and package.gguf_path.endswith(f"{package.sha256}.gguf")
     assert first.model_path == second.model_path == Path(package.gguf_path)
