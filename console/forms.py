@@ -15,7 +15,13 @@ class NodeForm(forms.ModelForm):
     """Add or edit a node; ``node_id`` is fixed once the node exists."""
 
     package = forms.ModelChoiceField(
-        queryset=ModelPackage.objects.all(), required=False, empty_label="(none)"
+        queryset=ModelPackage.objects.filter(kind=ModelPackage.Kind.CHAT),
+        required=False,
+        empty_label="(none)",
+        error_messages={
+            "invalid_choice": "No such chat package: a node serves a chat package (an "
+            "embedding package runs in the control plane)."
+        },
     )
 
     class Meta:
@@ -284,7 +290,7 @@ class UpgradeForm(forms.Form):
         served = ModelPackage.objects.filter(nodes__isnull=False).distinct()
         self.fields["from_package"].queryset = served
         self.fields["to_package"].queryset = ModelPackage.objects.filter(
-            status=ModelPackage.Status.APPROVED
+            status=ModelPackage.Status.APPROVED, kind=ModelPackage.Kind.CHAT
         )
 
     def changes(self) -> dict:

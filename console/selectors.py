@@ -13,7 +13,7 @@ from django.db.models import Count, Q
 
 from console.models import ArrayConfig, AuditEntry
 from inference.models import ModelPackage, PackageJob, SessionRoute
-from inference.packages.selectors import count_human, gguf_facts
+from inference.packages.selectors import count_human, package_facts
 from inference.selectors import served_models, session_route
 from nodes.models import Node, NodeEvent
 from nodes.selectors import nodes_status, nodes_with_sessions
@@ -204,12 +204,20 @@ def packages_page() -> dict[str, Any]:
     when not evaluated) and ``origin`` (``lineage_text``)), and the recent ``jobs``."""
     families: dict[str, list[ModelPackage]] = {}
     for package in packages_with_use():
-        evaluated = package.evaluation is not None
-        tool_accuracy = _mode(package.evaluation, "grammar").get("tool_accuracy")
-        package.accuracy = percent(tool_accuracy) if evaluated else ""  # type: ignore[attr-defined]
+        package.accuracy = _headline(package)  # type: ignore[attr-defined]
         package.origin = lineage_text(package)  # type: ignore[attr-defined]
         families.setdefault(package.family or package.name, []).append(_with_colour(package))
     return {"families": sorted(families.items()), "jobs": package_jobs()}
+
+
+def _headline(package: ModelPackage) -> str:
+    """The list's evaluation figure: grammar-mode tool accuracy of a chat package, the share
+    of paraphrases served of an embedding one ("" when not evaluated)."""
+    if package.evaluation is None:
+        return ""
+    if package.kind == ModelPackage.Kind.EMBEDDING:
+        return f"{percent(package.evaluation.get('paraphrases_served'))} paraphrases served"
+    return percent(_mode(package.evaluation, "grammar").get("tool_accuracy"))
 
 
 def package_detail(package_id: int, *, diff_id: int | None = None) -> dict[str, Any] | None:
@@ -224,18 +232,20 @@ def package_detail(package_id: int, *, diff_id: int | None = None) -> dict[str, 
     jobs = package_jobs(package=package)
     evaluating = any(j.kind == PackageJob.Kind.EVALUATE and not j.finished for j in jobs)
     final = (ModelPackage.Status.APPROVED, ModelPackage.Status.RETIRED)
+    embedding = package.kind == ModelPackage.Kind.EMBEDDING
     return {
         "package": _with_colour(package),
-        "facts": gguf_facts(package.gguf_path),
+        "facts": package_facts(package),
         "parameters": count_human(package.parameters),
         "tensor_mix": tensor_mix(package.tensor_types),
         "sampling": ", ".join(f"{k} {v}" for k, v in (package.sampling or {}).items()),
         "nodes": list(package.nodes.all()),
         "children": [_with_colour(c) for c in package.children.order_by("created_at", "id")],
         "moves": ModelPackage.STATUS_MOVES[package.status],
-        "evaluable": package.status not in final and not evaluating,
+        "evaluable": package.status not in final and not evaluating and not embedding,
         "build": build_summary(package.build_report),
-        "evaluation": evaluation_summary(package.evaluation),
+        "evaluation": None if embedding else evaluation_summary(package.evaluation),
+        "embedding_evaluation": package.evaluation if embedding else None,
         "family": family_comparison(package),
         "template": template_comparison(package, diff_id),
         "jobs": jobs,

@@ -116,9 +116,17 @@ def _node_package(spec: NodeSpec, package: ModelPackage | None) -> ModelPackage 
     from inference.services import package_resolve
 
     try:
-        return package_resolve(model=spec.package)
+        found = package_resolve(model=spec.package)
     except UnknownModel as exc:
         raise ConfigError(f"no package {spec.package!r}.", field=f"{spec.node_id}.package") from exc
+    if found.kind == ModelPackage.Kind.EMBEDDING:
+        raise ConfigError(
+            f"{found.key} is an embedding model (run by the control plane); a node serves a "
+            "chat package.",
+            line=spec.line,
+            field=f"{spec.node_id}.package",
+        )
+    return found
 
 
 def _node_kind(spec: NodeSpec, node: Node | None) -> str:

@@ -33,7 +33,7 @@ from inference.packages.api_schemas import (
     UploadOut,
 )
 from inference.packages.gate_policy import policy_update
-from inference.packages.selectors import gguf_facts
+from inference.packages.selectors import package_facts
 from nodes.selectors import takes_sessions
 
 router = Router()
@@ -42,6 +42,7 @@ router = Router()
 def _package_out(package: ModelPackage) -> dict:
     return {
         "id": package.pk,
+        "kind": package.kind,
         "key": package.key,
         "name": package.name,
         "version": package.version,
@@ -111,7 +112,7 @@ def packages_list(request: HttpRequest) -> list[dict]:
 )
 def packages_show(request: HttpRequest, package_id: int) -> dict:
     package = package_services.package_get(package_id)
-    facts = gguf_facts(package.gguf_path)
+    facts = package_facts(package)
     return {
         **_package_out(package),
         "chat_template": package.chat_template,

@@ -11,10 +11,15 @@ from ninja import Field, Schema
 
 class PackageOut(Schema):
     id: int
+    kind: str = Field(
+        "chat",
+        description="chat (a GGUF nodes serve) or embedding (a directory of model files the "
+        "control plane runs for /v1/embeddings and the semantic cache)",
+    )
     key: str = Field(description="name:version")
     name: str
     version: str
-    gguf_path: str
+    gguf_path: str = Field(description="the GGUF file; an embedding package's files directory")
     sha256: str
     quantization: str
     architecture: str

@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from inference.packages.gguf_files import read_facts
+
+if TYPE_CHECKING:
+    from inference.models import ModelPackage
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,25 @@ def _facts(path: str, mtime: float, size: int) -> GgufOnDisk:
         chat_template=facts.chat_template,
         tensors=facts.tensor_count,
         name=facts.name,
+    )
+
+
+def package_facts(package: ModelPackage) -> GgufOnDisk:
+    """``gguf_facts`` of a chat package's file; for an embedding package (a directory of model
+    files, no GGUF) what the row says, with ``exists`` for the directory."""
+    if package.kind != package.Kind.EMBEDDING:
+        return gguf_facts(package.gguf_path)
+    found = os.path.isdir(package.gguf_path)
+    return GgufOnDisk(
+        exists=found,
+        size_bytes=package.size_bytes,
+        architecture=package.architecture,
+        parameters=package.parameters,
+        quantization=package.quantization,
+        context_length=package.context_window,
+        tensors=sum((package.tensor_types or {}).values()) or None,
+        name=package.name,
+        error="" if found else "the files directory is not on this host",
     )
 
 

@@ -131,6 +131,7 @@ def package_with_template(
         raise Invalid("chat_template: give the template text (Jinja).", field="chat_template")
     check_chat_template(chat_template)
     source = package_get(package_id)
+    package_check_chat(source, doing="a chat template")
     version = version or next_version(source.name)
     check_name(source.name, version)
     store = package_store()
@@ -261,9 +262,24 @@ def package_delete(*, package_id: int) -> None:
     audit_record(action="package.remove", target=package.key)
 
 
+def package_check_chat(package: ModelPackage, *, doing: str, field: str = "package_id") -> None:
+    """Raise ``Invalid`` (422, code ``package_embedding``, naming ``field``) when ``package``
+    is an embedding package: those run in the control plane (``/v1/embeddings``, the semantic
+    cache), so ``doing`` (a node, an upgrade, a chat evaluation, a build) needs a chat one."""
+    if package.kind == ModelPackage.Kind.EMBEDDING:
+        raise Invalid(
+            f"{field}: {package.key} is an embedding model (run by the control plane for "
+            f"/v1/embeddings and the semantic cache); {doing} needs a chat model.",
+            field=field,
+            code="package_embedding",
+        )
+
+
 def package_check_deployable(package: ModelPackage) -> None:
     """Raise ``Conflict`` (409) naming why a node may not be given ``package``: rejected
-    (with the failed criteria), being evaluated, or retired."""
+    (with the failed criteria), being evaluated, or retired; ``Invalid`` (422) for an
+    embedding package (``package_check_chat``)."""
+    package_check_chat(package, doing="a node")
     if package.status == Status.REJECTED:
         raise Conflict(
             f"{package.key} is rejected ({package.status_reason or 'failed its gate'}); "
@@ -362,6 +378,7 @@ def package_build_enqueue(
     from inference.engine.quantize import QUANT_LADDER
 
     source = package_get(package_id)
+    package_check_chat(source, doing="a quantization build (GGUF)")
     quantization = quantization.strip().upper()
     if quantization not in QUANT_LADDER:
         raise Invalid(
@@ -382,8 +399,10 @@ def package_build_enqueue(
 
 def package_evaluate_enqueue(*, package_id: int, subset: int | None = None) -> PackageJob:
     """Queue an evaluation. Raises ``Conflict`` for an approved or retired version (its
-    figures are part of what was approved) or one already being evaluated."""
+    figures are part of what was approved) or one already being evaluated; ``Invalid`` for an
+    embedding package (its evaluation is its registration's: ``inference.semcache.package``)."""
     package = package_get(package_id)
+    package_check_chat(package, doing="the chat evaluation suite")
     if package.status in (Status.APPROVED, Status.RETIRED):
         raise Conflict(
             f"{package.key} is {package.status}; its evaluation is final.", code="package_status"

@@ -94,7 +94,11 @@ def upgrade_start(
 
 def _check_rollable(old: ModelPackage, new: ModelPackage, node_settings: dict[str, int]) -> None:
     """Raises ``Conflict`` unless ``new`` may replace ``old``: another version (or the same
-    with new ``node_settings``), approved, with a chat template."""
+    with new ``node_settings``), approved, with a chat template; ``Invalid`` when ``new`` is an
+    embedding package (nodes serve chat models only)."""
+    from inference.packages.services import package_check_chat
+
+    package_check_chat(new, doing="an upgrade of nodes", field="to_package_id")
     if old.pk == new.pk and not node_settings:
         raise Conflict(
             f"{old.key} is already what those nodes serve (give node_settings to roll new "
