@@ -124,4 +124,5 @@ def test_the_apps_register_their_kinds_and_periodic_work():
         "alert webhooks",
         "log retention",
         "semantic cache sweep",
+        "shared prefixes",
     }
