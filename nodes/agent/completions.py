@@ -67,6 +67,24 @@ class ChatService:
         self.formatter = formatter
         self.max_token_bytes = max_token_bytes
 
+    def rendered(self, chat: ChatRequest) -> str:
+        """``chat``'s prompt text by the model's template; ``BadRequest`` when it cannot be."""
+        try:
+            return self.formatter.render(
+                chat.messages, chat.tool_mode, continue_final=chat.continue_final
+            )
+        except NoChatTemplate as exc:
+            raise BadRequest(str(exc), param="model", code="no_chat_template") from exc
+        except TemplateError as exc:
+            raise BadRequest(str(exc), param="messages", code="template_error") from exc
+
+    def tokenized(self, text: str) -> list[int]:
+        """``text``'s tokens, with the model's BOS unless the template wrote it."""
+        model = self.engine.model
+        assert model is not None
+        add_bos = needs_bos(text, bos_token=model.bos_token, add_bos=model.add_bos)
+        return model.tokenize(text, add_special=add_bos)
+
     def start(
         self,
         chat: ChatRequest,
@@ -77,16 +95,7 @@ class ChatService:
         """Submit ``chat``; its events arrive on ``loop`` (default: the running one). Safe to
         call from a worker thread with ``loop`` given (rendering and tokenizing a long prompt
         take a while). Raises ``BadRequest`` (template, context overflow) or ``QueueFull``."""
-        model = self.engine.model
-        assert model is not None
-        try:
-            text = self.formatter.render(
-                chat.messages, chat.tool_mode, continue_final=chat.continue_final
-            )
-        except NoChatTemplate as exc:
-            raise BadRequest(str(exc), param="model", code="no_chat_template") from exc
-        except TemplateError as exc:
-            raise BadRequest(str(exc), param="messages", code="template_error") from exc
+        text = self.rendered(chat)
         size = len(text.encode("utf-8", "replace"))
         if size > self.engine.config.ctx_per_seq * self.max_token_bytes:
             raise BadRequest(
@@ -95,8 +104,7 @@ class ChatService:
                 param="messages",
                 code="context_length_exceeded",
             )
-        add_bos = needs_bos(text, bos_token=model.bos_token, add_bos=model.add_bos)
-        prompt = model.tokenize(text, add_special=add_bos)
+        prompt = self.tokenized(text)
         room = self.engine.config.ctx_per_seq - len(prompt)
         if room < 1:
             raise BadRequest(
@@ -132,20 +140,11 @@ def opening_tokens(service: ChatService, chat: ChatRequest) -> list[int]:
     leading system messages, then a user message whose content is ``OPENING_CUT``) rendered
     as a request would be, cut where the user's words start, less the last token (which the
     user's words may merge with). Raises ``BadRequest`` as ``ChatService.start`` does."""
-    model = service.engine.model
-    assert model is not None
-    try:
-        text = service.formatter.render(chat.messages, chat.tool_mode)
-    except NoChatTemplate as exc:
-        raise BadRequest(str(exc), param="model", code="no_chat_template") from exc
-    except TemplateError as exc:
-        raise BadRequest(str(exc), param="messages", code="template_error") from exc
+    text = service.rendered(chat)
     cut = text.find(OPENING_CUT)
     if cut < 0:
         raise BadRequest("the chat template drops the user's words", param="messages")
-    opening = text[:cut]
-    add_bos = needs_bos(opening, bos_token=model.bos_token, add_bos=model.add_bos)
-    return model.tokenize(opening, add_special=add_bos)[:-1]
+    return service.tokenized(text[:cut])[:-1]
 
 
 def _grammar(chat: ChatRequest) -> str | None:
