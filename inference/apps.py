@@ -21,10 +21,12 @@ class InferenceConfig(AppConfig):
         from inference import lookups  # noqa: F401  (connects its cache-clearing signals)
         from inference.alerts.metrics import alert_families
         from inference.tokens import token_match
+        from inference.usage.metrics import usage_families
 
         register_token_resolver(token_match)
         register_collector(metrics.routing_families)
         register_collector(alert_families)
+        register_collector(usage_families)
         for name, help_text in metrics.COUNTERS.items():
             register_counter(name, help_text)
         self.register_control_loop_work()
@@ -36,7 +38,8 @@ class InferenceConfig(AppConfig):
         interval unless said, the package jobs' tick, the load tests' tick, idle-route release,
         the alert rules, each second the upgrades' traffic samples and the alert webhooks'
         deliveries, every ``UPLOAD_SWEEP_S`` the sweep of abandoned uploads, and every
-        minute the semantic cache's sweep of expired entries."""
+        minute the semantic cache's sweep of expired entries, every five minutes the pruning of
+        usage turn rows and rate windows."""
         from console.lib.steps import Periodic, lazy, register_periodic, register_step_kind
         from inference.models import RoutingPolicy
         from nodes.health_policy import health_interval_s, register_policy_source
@@ -67,6 +70,7 @@ class InferenceConfig(AppConfig):
                 "idle routes", lazy("inference.apps.routes_release_idle_now"), health_interval_s
             ),
             Periodic("semantic cache sweep", lazy("inference.semcache.service.sweep_now"), 60.0),
+            Periodic("usage pruning", lazy("inference.usage.recorder.usage_prune"), 300.0),
             Periodic(
                 "shared prefixes",
                 lazy("inference.prefixes.services.prefixes_send_due"),

@@ -33,6 +33,9 @@ from inference.errors import AuthError, BadRequest, NoHealthyNode, NoRole, Proxy
 from inference.migration import sse_events
 from inference.relay import Upstream
 from inference.request_checks import WsTurn, check_chat_body, check_session_id, parse_ws_message
+from inference.usage.limits import cap_max_tokens
+from inference.usage.quotas import Caller
+from inference.usage.turns import open_ticket, release
 
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -40,16 +43,18 @@ CLOSE_CODES = {AuthError: CLOSE_UNAUTHORIZED, NoRole: CLOSE_FORBIDDEN}
 
 
 @sync_to_async
-def _authenticate(scope: dict[str, Any]) -> str:
-    """The caller's name: a logged-in user with a role (``NoRole`` without one, as on every
-    page), else the API token of ``?token=`` or ``Authorization`` (``AuthError``)."""
+def _authenticate(scope: dict[str, Any]) -> Caller:
+    """Whom the turns count against: a logged-in user with a role (``NoRole`` without one,
+    as on every page), else the API token of ``?token=`` or ``Authorization``
+    (``AuthError``)."""
     user = scope.get("user")
     if user is not None and getattr(user, "is_authenticated", False):
         from console.lib.access import role_of_user
 
-        if role_of_user(user) is None:
+        role = role_of_user(user)
+        if role is None:
             raise NoRole("Your account has no role; an admin must give it one.")
-        return f"user:{user.get_username()}"
+        return lookups.caller_for_user(user.get_username(), str(getattr(role, "value", role)))
     query = scope.get("query_string", b"").decode("latin1")
     from urllib.parse import parse_qs
 
@@ -105,7 +110,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
     """Thin consumer: parse, then run one turn as a task that a disconnect cancels."""
 
     session_id: str
-    authenticated: bool = False
+    caller: Caller | None = None  # None until authenticated
     turn_task: asyncio.Task[None] | None = None
     tools: list[Any] | None = None  # the last tools this connection sent
 
@@ -119,15 +124,13 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4400)
             return
         try:
-            await _authenticate(self.scope)
+            self.caller = await _authenticate(self.scope)
         except (AuthError, NoRole) as exc:
             await self.send_error(exc)
             await self.close(code=CLOSE_CODES[type(exc)])
-            return
-        self.authenticated = True
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if not self.authenticated:
+        if self.caller is None:
             return
         try:
             if text_data is None:
@@ -137,7 +140,8 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                 raise BadRequest(
                     "A turn is already running; wait for its done event.", code="turn_in_progress"
                 )
-            await _authenticate(self.scope)  # a token revoked (a role taken) since connect
+            # a token revoked (a role taken, a quota changed) since connect
+            self.caller = await _authenticate(self.scope)
         except (AuthError, NoRole) as exc:
             await self.send_error(exc)
             await self.close(code=CLOSE_CODES[type(exc)])
@@ -184,14 +188,10 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
                     else {}
                 ),
             }
-            check_chat_body(payload)
+            assert self.caller is not None
+            payload = cap_max_tokens(check_chat_body(payload), self.caller.limits)
             self.tools = tools  # kept for later turns only once they passed
-            upstream = await proxy.upstream_open(
-                payload=payload,
-                model=model,
-                session_id=self.session_id,
-                request_id=turn.request_id,
-            )
+            upstream = await self._opened(payload, model, turn.request_id)
             if upstream.status != 200:
                 body = await upstream.read_all()
                 raise _node_error(upstream.status, body, upstream.node_id)
@@ -202,6 +202,23 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(done)
         except ProxyError as exc:
             await self.send_error(exc, turn.request_id)
+
+    async def _opened(self, payload: dict[str, Any], model: str, request_id: str) -> Upstream:
+        """Admit the turn (``OverLimit``: an error event with ``retry_after``) and open the
+        node's answer; the admission goes back when no node answers."""
+        assert self.caller is not None
+        ticket = await open_ticket(self.caller)
+        try:
+            return await proxy.upstream_open(
+                payload=payload,
+                model=model,
+                session_id=self.session_id,
+                request_id=request_id,
+                ticket=ticket,
+            )
+        except BaseException:
+            await release(ticket)
+            raise
 
     async def _pass_on(self, event: dict[str, Any], answer: Answer, done: dict[str, Any]) -> None:
         """Send an SSE chunk's content as ``delta`` events, gather its tool-call pieces; note

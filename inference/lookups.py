@@ -31,8 +31,9 @@ from django.db.models.signals import post_delete, post_save
 
 from console.lib.bare_http import db_thread
 from inference import model_names, node_table, tokens
-from inference.models import ApiToken, ModelPackage, RoutingPolicy
+from inference.models import ApiToken, ModelPackage, Quota, RoutingPolicy
 from inference.node_table import PinnedCounts
+from inference.usage.quotas import Caller
 
 log = logging.getLogger(__name__)
 
@@ -109,25 +110,36 @@ def _new_generation() -> None:
         log.warning("could not tell the other replicas to clear their lookups: %s", exc)
 
 
-def _token(raw: str) -> tuple[str, str, Callable[[], str]]:
+def _token(raw: str) -> tuple[str, str, Callable[[], Caller]]:
     """Cache kind, key (the token's hash) and loader of a token lookup."""
     key = hashlib.sha256(raw.encode()).hexdigest()
-    return "token", key, lambda: tokens.token_authenticate(raw=raw)
+    return "token", key, lambda: tokens.token_caller(raw=raw)
 
 
 def _model_lookup(model: str) -> tuple[str, str, Callable[[], str]]:
     return "model", model, lambda: model_names.model_resolve(model=model)
 
 
-def caller_for_token(raw: str | None) -> str:
-    """``tokens.token_authenticate``, cached by the token's hash (a missing token raises
-    ``AuthError`` without a lookup)."""
-    return _cached(*_token(raw)) if raw else tokens.token_authenticate(raw=raw)
+def caller_for_token(raw: str | None) -> Caller:
+    """``tokens.token_caller`` (whom the request counts against, with its limits), cached by
+    the token's hash (a missing token raises ``AuthError`` without a lookup)."""
+    return _cached(*_token(raw)) if raw else tokens.token_caller(raw=raw)
 
 
-async def acaller_for_token(raw: str | None) -> str:
+async def acaller_for_token(raw: str | None) -> Caller:
     """``caller_for_token`` for async callers."""
-    return await _acached(*_token(raw)) if raw else tokens.token_authenticate(raw=raw)
+    return await _acached(*_token(raw)) if raw else tokens.token_caller(raw=raw)
+
+
+def caller_for_user(username: str, role: str) -> Caller:
+    """A console user's ``Caller`` (``user:<name>``, the role's default limits), cached."""
+    from inference.usage.quotas import limits_for
+
+    return _cached(
+        "user",
+        username,
+        lambda: Caller(f"user:{username}", username, role, limits_for(role=role)),
+    )
 
 
 async def atoken_caches_answers(raw: str | None) -> bool:
@@ -199,6 +211,6 @@ def pinned_counts_cached() -> PinnedCounts:
     return _cached("pinned", "", node_table.pinned_counts, PINNED_TTL_S)
 
 
-for _model in (ApiToken, ModelPackage, RoutingPolicy):
+for _model in (ApiToken, ModelPackage, Quota, RoutingPolicy):
     post_save.connect(clear, sender=_model, dispatch_uid=f"lookups-save-{_model.__name__}")
     post_delete.connect(clear, sender=_model, dispatch_uid=f"lookups-delete-{_model.__name__}")

@@ -207,6 +207,7 @@ async def _elsewhere(cut: Upstream, body: dict[str, Any], *, continuing: bool) -
         avoid={cut.node_id: CUT_THE_ANSWER},
         continuing=continuing,
         request_id=cut.request_id,
+        ticket=cut.ticket.carried_on() if cut.ticket is not None else None,
     )
 
 

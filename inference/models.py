@@ -2,7 +2,8 @@
 decisions, API tokens; and, re-exported from their features' own modules (migrations stay in
 this app), packages (``inference.packages.models``), upgrades (``inference.upgrades.models``),
 load tests (``inference.loadtests.models``), the semantic cache's namespaces
-(``inference.semcache.models``) and registered shared prefixes (``inference.prefixes.models``)."""
+(``inference.semcache.models``) registered shared prefixes (``inference.prefixes.models``) and usage and quotas
+(``inference.usage.models``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from inference.packages.models import ModelPackage, PackageJob, PackagePolicy
 from inference.prefixes.models import SharedPrefix
 from inference.semcache.models import CacheNamespace
 from inference.upgrades.models import Upgrade, UpgradeEvent, UpgradeSample
+from inference.usage.models import InflightLease, Quota, RateWindow, UsageMinute, UsageTurn
 
 __all__ = [
     "Alert",
@@ -26,18 +28,23 @@ __all__ = [
     "ApiToken",
     "CacheNamespace",
     "CostModel",
+    "InflightLease",
     "LoadScenario",
     "LoadTestRun",
     "LoadTestSample",
     "ModelPackage",
     "PackageJob",
     "PackagePolicy",
+    "Quota",
+    "RateWindow",
     "RouteDecision",
     "RoutingPolicy",
     "SessionRoute",
     "SharedPrefix",
     "Upgrade",
     "UpgradeEvent",
+    "UsageMinute",
+    "UsageTurn",
     "UpgradeSample",
 ]
 

@@ -265,12 +265,14 @@ async def upstream_open(
     avoid: dict[str, str] | None = None,
     continuing: bool = False,
     request_id: str | None = None,
+    ticket: Any = None,
 ) -> Upstream:
     """Route ``payload`` (an OpenAI chat body) for ``model`` (a client-facing name:
     ``lookups.model_for_request``) and open the node's answer, which reports ``model`` and the
     version that serves it (``Upstream.package``). ``avoid``: nodes kept out, with why;
     ``continuing``: the body goes on with an answer another node cut (``inference.migration``:
-    Phalanx nodes only); ``request_id`` goes to the node (``X-Request-Id``). Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
+    Phalanx nodes only); ``request_id`` goes to the node (``X-Request-Id``); ``ticket``
+    (``inference.usage.turns.Ticket``) counts the turn's usage against its caller. Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
     most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
     connection failures, timeouts, overload (503, 429) and a node marked down while we wait
     move to the next node. A 503 (queue full) from the node a session is pinned to is passed
@@ -308,6 +310,7 @@ async def upstream_open(
             policy=policy,
             exclude=exclude,
             request_id=request_id,
+            ticket=ticket,
         )
         if upstream is not None:
             return upstream
@@ -348,6 +351,7 @@ async def _attempt(
     policy: RoutingPolicy,
     exclude: dict[str, str],
     request_id: str | None = None,
+    ticket: Any = None,
 ) -> Upstream | None:
     """Send the request to ``target`` and wait for its first byte. Returns the open answer, or
     None after adding the node to ``exclude`` with the reason (the caller tries another).
@@ -397,4 +401,5 @@ async def _attempt(
         model=model,
         first_token_deadline_s=deadline.seconds if deadline else None,
         request_id=request_id,
+        ticket=ticket,
     )

@@ -31,6 +31,7 @@ from inference.request_breaker import request_breaker, request_fingerprint
 from inference.route_writer import route_writer
 from inference.routing import Decision
 from inference.sse import DONE, SSEDecoder, StreamBroken, StreamCheck, check_completion
+from inference.usage import turns as usage_turns
 from nodes import client as node_client
 from nodes import services as node_services
 
@@ -125,6 +126,21 @@ class Upstream:
     record_scheduled: bool = False
     released: bool = False
     whole: bool = False  # the answer ended ([DONE]): what follows may be read and dropped
+    ticket: usage_turns.Ticket | None = None  # whom the turn counts against (inference.usage)
+    broken: bool = False  # the node broke the answer after its first byte
+
+    async def count(self) -> None:
+        """Count the turn's usage against its caller, once (``inference.usage.turns``)."""
+        if self.ticket is not None and not self.ticket.ended:
+            await usage_turns.ended(
+                self.ticket,
+                model=self.model,
+                package=self.package or "",
+                node_id=self.node_id,
+                session_id=self.session_id,
+                request_id=self.request_id,
+                failed=self.status != 200 or self.broken,
+            )
 
     def record(self) -> None:
         """Queue the request's route record for writing, once."""
@@ -148,6 +164,7 @@ class Upstream:
             self.released = True
             inflight.release(self.node_id)
             log.info("answer closed", extra={"node_id": self.node_id, "status": self.status})
+            await self.count()
         if self.whole:
             await self._drain()
         await node_client.chat_close(self.response)
@@ -184,6 +201,8 @@ class Upstream:
                 self.record()
             body = b"".join(parts)
             check_completion(self.status, body)
+            if self.ticket is not None:
+                self.ticket.meter.see_body(body)
         except httpx.TransportError as exc:
             reason = f"broke off its answer: {describe_transport_error(exc)}"
             await self.broke(reason)
@@ -200,6 +219,7 @@ class Upstream:
         count it against the node (a failed probe, and in ``request_breaker``), and send the
         session's next turn elsewhere."""
         log.warning("%s broke an answer: %s %s", self.node_id, reason, detail)
+        self.broken = True
         metric_inc(PROXY_BROKEN_ANSWERS)
         broken_turns.note(self.session_id, self.node_id)
         await self.request_failed(reason)
@@ -271,17 +291,26 @@ async def checked_events(upstream: Upstream) -> AsyncIterator[tuple[bytes, Any]]
     added. Nothing after ``[DONE]`` is read: the answer is whole (the caller closes the
     upstream), whatever a node sends after it."""
     decoder, check = SSEDecoder(), StreamCheck()
+    meter = upstream.ticket.meter if upstream.ticket is not None else None
     try:
         for raw, payload in decoder.feed(upstream.first):
             check.see(payload)
+            if meter is not None:
+                meter.see(payload)
             upstream.whole = check.done
+            if check.done:  # counted before the client hears the end: its next turn sees it
+                await upstream.count()
             yield raw, payload
             if check.done:
                 return
         async for chunk in upstream.rest:
             for raw, payload in decoder.feed(chunk):
                 check.see(payload)
+                if meter is not None:
+                    meter.see(payload)
                 upstream.whole = check.done
+                if check.done:
+                    await upstream.count()
                 yield raw, payload
                 upstream.record_soon()
                 if check.done:

@@ -23,6 +23,7 @@ from console.lib.errors import Invalid, NotFound
 from console.models import Role, TokenRole
 from inference.errors import AuthError
 from inference.models import ApiToken
+from inference.usage.quotas import Caller, limits_for
 
 ENV_TOKEN = "PHALANX_API_TOKEN"
 TOKEN_PREFIX = "phx_"
@@ -70,6 +71,20 @@ def token_authenticate(*, raw: str | None) -> str:
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.name
+
+
+def token_caller(*, raw: str | None) -> Caller:
+    """Whom a request with the Bearer token ``raw`` counts against, with its role and the
+    limits in force (``inference.usage.quotas``). ``$PHALANX_API_TOKEN`` is ``env``, acting as
+    admin. Raises ``AuthError`` as ``token_authenticate``."""
+    name = token_authenticate(raw=raw)
+    token = ApiToken.objects.filter(token_hash=_hash(raw or "")).first()
+    if token is None:  # the environment's token
+        return Caller("env", name, Role.ADMIN.value, limits_for(role=Role.ADMIN.value))
+    role = token_role(token).value
+    return Caller(
+        f"token:{token.pk}", token.name, role, limits_for(role=role, token_id=token.pk), token.pk
+    )
 
 
 def token_caches_answers(*, raw: str) -> bool:

@@ -33,6 +33,9 @@ from inference.semcache import answers
 from inference.semcache.embeddings_request import check_embeddings_body, embeddings_body
 from inference.semcache.encoder import shared_encoder
 from inference.semcache.package import embedding_models, onnx_dir
+from inference.usage.limits import cap_max_tokens
+from inference.usage.quotas import Caller
+from inference.usage.turns import Ticket, open_ticket, release
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"
@@ -47,7 +50,7 @@ def error_response(exc: ProxyError) -> JsonResponse:
     return response
 
 
-async def _authenticate(request: HttpRequest) -> str:
+async def _authenticate(request: HttpRequest) -> Caller:
     return await lookups.acaller_for_token(
         tokens.bearer_token(request.headers.get("Authorization"))
     )
@@ -55,16 +58,16 @@ async def _authenticate(request: HttpRequest) -> str:
 
 async def _prepare_chat(
     request: HttpRequest,
-) -> tuple[dict[str, Any], str, str | None, RoutingPolicy]:
-    """Authenticate, validate, resolve the model (to its client-facing name: the family) and
-    the session key. Token, package and
-    policy come from ``inference.lookups``: no thread hop while they are cached."""
-    await _authenticate(request)
-    body = check_chat_body(parse_json_object(request.body))
+) -> tuple[dict[str, Any], str, str | None, RoutingPolicy, Caller]:
+    """Authenticate, validate (the caller's ``max_tokens`` quota included), resolve the model
+    (to its client-facing name: the family) and the session key. Token, package and policy
+    come from ``inference.lookups``: no thread hop while they are cached."""
+    caller = await _authenticate(request)
+    body = cap_max_tokens(check_chat_body(parse_json_object(request.body)), caller.limits)
     model = await lookups.amodel_for_request(body["model"])
     policy = await lookups.arouting_policy()
     key = session_key(request.headers, header=policy.session_header)
-    return body, model, key, policy
+    return body, model, key, policy, caller
 
 
 @csrf_exempt
@@ -92,14 +95,14 @@ async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
     try:
         if request.method != "POST":
             raise MethodNotAllowed("Use POST for /v1/chat/completions.")
-        body, model, key, policy = await _prepare_chat(request)
+        body, model, key, policy, caller = await _prepare_chat(request)
         logs.bind(session_id=key)
+        ticket = await open_ticket(caller)  # OverLimit: 429 with Retry-After
         asked = await _cache_asked(request, body, model)
         if asked.hit is not None:
+            await release(ticket)
             return _with_headers(_cached_answer(asked, body), asked, key)
-        upstream = await proxy.upstream_open(
-            payload=body, model=model, session_id=key, policy=policy, request_id=rid
-        )
+        upstream = await _opened(body, model, key, policy, rid, ticket)
     except ProxyError as exc:
         return error_response(exc)
     if is_stream(upstream):
@@ -111,6 +114,24 @@ async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
     if upstream.package:
         response[PACKAGE_HEADER] = upstream.package
     return _with_headers(response, asked, key)
+
+
+async def _opened(
+    body: dict[str, Any],
+    model: str,
+    key: str | None,
+    policy: RoutingPolicy,
+    rid: str,
+    ticket: Ticket,
+) -> Upstream:
+    """``proxy.upstream_open`` for the turn; its ticket goes back when no node answers."""
+    try:
+        return await proxy.upstream_open(
+            payload=body, model=model, session_id=key, policy=policy, request_id=rid, ticket=ticket
+        )
+    except BaseException:
+        await release(ticket)
+        raise
 
 
 def _with_headers(response: HttpResponse, asked: answers.Asked, key: str | None) -> HttpResponse:

@@ -32,5 +32,7 @@ def _fresh_lookups() -> None:
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Before the test's fixtures (and its database) are torn down."""
     from inference.route_writer import route_writer
+    from inference.usage.recorder import recorder
 
     route_writer.flush()
+    recorder.flush()

@@ -64,12 +64,31 @@ class DecodeStep:
         for req, chunk in chunks:
             req.seq.tokens.extend(chunk)
         prefilled = sum(len(c) for _, c in chunks)
+        self._share_step(now - started, verify, chunks, prefilled)
         self.stats.prefill_rate.add(prefilled, now)
         self.stats.prefill_speed.add(prefilled, now - started)
         decoded = sum(self._verify(req, draft, indices) for req, draft, indices in verify)
         self.stats.decode_rate.add(decoded, now)
         for req, index in to_sample:
             self._on_token(req, self.ctx.sample(req.sampler.ptr, index))
+
+    @staticmethod
+    def _share_step(
+        step_s: float,
+        verify: list[tuple[Request, list[int], list[int]]],
+        chunks: list[tuple[Request, list[int]]],
+        prefilled: int,
+    ) -> None:
+        """Split the step's wall time between its requests by the tokens each put into the
+        batch (a decode token and its draft; a prompt chunk), as node-seconds."""
+        tokens = prefilled + sum(1 + len(draft) for _, draft, _ in verify)
+        if tokens <= 0:
+            return
+        per_token = step_s / tokens
+        for req, draft, _ in verify:
+            req.decode_node_s += per_token * (1 + len(draft))
+        for req, chunk in chunks:
+            req.prefill_node_s += per_token * len(chunk)
 
     def _drafts(self, decoding: list[Request]) -> dict[int, list[int]]:
         """Prompt-lookup drafts for this step, by request id, while the step decodes at most
@@ -215,6 +234,9 @@ class DecodeStep:
             "draft_tokens": req.drafted,
             "draft_accepted": req.accepted,
             "draft_acceptance": round(req.accepted / req.drafted, 3) if req.drafted else 0.0,
+            # node-seconds of the engine this request used (``_share_step``)
+            "prefill_node_ms": round(req.prefill_node_s * 1000, 3),
+            "decode_node_ms": round(req.decode_node_s * 1000, 3),
         }
         return Finished(
             text=req.assembler.text if req.assembler else "",

@@ -80,6 +80,10 @@ class Request:
     kv_swap_s: float = 0.0  # acquiring its sequence: spilling a victim, restoring from host
     admitted_at: float = 0.0
     first_token_at: float = 0.0
+    # its share of the steps it was in: a step's wall time split by the tokens each sequence
+    # put into the batch (node-seconds: what usage accounting prices)
+    prefill_node_s: float = 0.0
+    decode_node_s: float = 0.0
 
     @property
     def prefilling(self) -> bool:

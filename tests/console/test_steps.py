@@ -125,4 +125,5 @@ def test_the_apps_register_their_kinds_and_periodic_work():
         "log retention",
         "semantic cache sweep",
         "shared prefixes",
+        "usage pruning",
     }

@@ -102,9 +102,9 @@ def test_a_token_revoked_on_another_replica_is_refused_here_within_a_check(
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"  # the cache here stands for the shared one
     monkeypatch.setattr(lookups, "GENERATION_CHECK_S", 0.0)
     raw = token_create(name="agent")[1]
-    assert lookups.caller_for_token(raw) == "agent"
+    assert lookups.caller_for_token(raw).name == "agent"
     ApiToken.objects.update(revoked=True)  # another replica's write: no signal in this process
-    assert lookups.caller_for_token(raw) == "agent"  # still cached here
+    assert lookups.caller_for_token(raw).name == "agent"  # still cached here
     lookups._new_generation()  # what that replica's signal does once its change commits
     with pytest.raises(AuthError):
         lookups.caller_for_token(raw)

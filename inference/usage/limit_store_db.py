@@ -1,0 +1,85 @@
+"""The rate-limit counters in the database (no ``REDIS_URL``): ``RateWindow`` rows and
+``InflightLease`` rows, shared by every process on the same database.
+
+One write transaction per admission. Its first statement writes the caller's lock row, which
+serializes admissions of one caller: SQLite's write lock, a row lock on PostgreSQL. Counting
+is then exact, also across processes. Rows expire with their window and are deleted by the
+usage pruning (``recorder.usage_prune``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from inference.models import InflightLease, RateWindow
+from inference.usage.quotas import Limits
+
+
+def _at(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+def _count(key: str) -> int:
+    return RateWindow.objects.filter(key=key).values_list("count", flat=True).first() or 0
+
+
+def _add(key: str, amount: int, expires_at: float) -> None:
+    """Add ``amount`` to the window ``key`` (created when missing)."""
+    if RateWindow.objects.filter(key=key).update(count=F("count") + amount):
+        return
+    try:
+        with transaction.atomic():
+            RateWindow.objects.create(key=key, count=amount, expires_at=_at(expires_at))
+    except IntegrityError:  # another process created it meanwhile
+        RateWindow.objects.filter(key=key).update(count=F("count") + amount)
+
+
+class DbLimitStore:
+    """``limits.LimitStore`` on the default database."""
+
+    @transaction.atomic
+    def admit(self, keys: dict[str, str], limits: Limits, now: float, lease: str | None) -> str:
+        from inference.usage.limits import DAY_S, LEASE_S, MINUTE_S
+
+        caller = keys["concurrent_sessions"].rsplit(":", 1)[0]
+        _add(f"{caller}:lock", 1, now + DAY_S)  # the caller's lock, held to the commit
+        for name in ("tokens_per_minute", "tokens_per_day"):
+            value = getattr(limits, name)
+            if value and _count(keys[name]) >= value:
+                return name
+        if limits.concurrent_sessions:
+            live = InflightLease.objects.filter(caller=caller, expires_at__gt=_at(now))
+            if live.count() >= limits.concurrent_sessions:
+                return "concurrent_sessions"
+        if limits.requests_per_minute:
+            if _count(keys["requests_per_minute"]) >= limits.requests_per_minute:
+                return "requests_per_minute"
+            _add(keys["requests_per_minute"], 1, now + 2 * MINUTE_S)
+        if lease:
+            InflightLease.objects.create(caller=caller, lease=lease, expires_at=_at(now + LEASE_S))
+        return ""
+
+    def settle(self, keys: dict[str, str], tokens: int, lease: str | None) -> None:
+        from inference.usage.limits import DAY_S, MINUTE_S
+
+        now = datetime.now(UTC).timestamp()
+        with transaction.atomic():
+            if tokens:
+                _add(keys["tokens_per_minute"], tokens, now + 2 * MINUTE_S)
+                _add(keys["tokens_per_day"], tokens, now + DAY_S + MINUTE_S)
+            if lease:
+                InflightLease.objects.filter(lease=lease).delete()
+
+    def counts(self, keys: dict[str, str], now: float) -> dict[str, int]:
+        caller = keys["concurrent_sessions"].rsplit(":", 1)[0]
+        counts = {n: _count(keys[n]) for n in keys if n != "concurrent_sessions"}
+        live = InflightLease.objects.filter(caller=caller, expires_at__gt=_at(now))
+        return {**counts, "concurrent_sessions": live.count()}
+
+    def clear(self) -> None:
+        """Drop every counter (tests)."""
+        RateWindow.objects.all().delete()
+        InflightLease.objects.all().delete()
