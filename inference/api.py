@@ -148,6 +148,7 @@ class PolicyOut(Schema):
     canary_timeout_s: float
     max_inflight_per_node: int
     max_inflight: int
+    queue_wait_s: float
     updated_at: datetime
 
 
@@ -178,6 +179,7 @@ class PolicyIn(Schema):
     canary_timeout_s: float | None = None
     max_inflight_per_node: int | None = None
     max_inflight: int | None = None
+    queue_wait_s: float | None = None
 
 
 @router.get("/routing/policy", response={200: PolicyOut}, auth=NEEDS_VIEWER)

@@ -207,7 +207,7 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         """Admit the turn (``OverLimit``: an error event with ``retry_after``) and open the
         node's answer; the admission goes back when no node answers."""
         assert self.caller is not None
-        ticket = await open_ticket(self.caller)
+        ticket = await open_ticket(self.caller, await lookups.arouting_policy())
         try:
             return await proxy.upstream_open(
                 payload=payload,

@@ -159,6 +159,12 @@ class RoutingPolicy(models.Model):
         help_text="Requests one control-plane process keeps open in all; past it, 429.",
         validators=[MaxValueValidator(1000000)],
     )
+    queue_wait_s = models.FloatField(
+        default=0.0,
+        validators=[MaxValueValidator(600), MinValueValidator(0.0)],
+        help_text="A turn past max_inflight waits up to this long for a slot, higher token "
+        "priority first (s; 0: refused at once with 429).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -283,7 +283,8 @@ async def upstream_open(
     ``policy`` saves a read when the caller already has it.
     """
     policy = policy or await lookups.arouting_policy()
-    _check_inflight(policy)
+    if ticket is None or not ticket.gated:  # a gated turn holds a slot of max_inflight
+        _check_inflight(policy)
     refuse_poison(payload)
     exclude = _kept_out(avoid, session_id)
     for attempt in range(policy.max_attempts):

@@ -97,7 +97,7 @@ async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
             raise MethodNotAllowed("Use POST for /v1/chat/completions.")
         body, model, key, policy, caller = await _prepare_chat(request)
         logs.bind(session_id=key)
-        ticket = await open_ticket(caller)  # OverLimit: 429 with Retry-After
+        ticket = await open_ticket(caller, policy)  # OverLimit, ArrayFull: 429
         asked = await _cache_asked(request, body, model)
         if asked.hit is not None:
             await release(ticket)

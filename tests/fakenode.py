@@ -30,6 +30,10 @@ class FakeNode:
         "phalanx_node_sequences_total 4\nphalanx_node_queue_depth 1\n"
     )
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # what its answers report: usage's prompt and cached tokens, and timings
+    prompt_tokens: int = 10
+    cached_tokens: int = 0
+    timings: dict[str, Any] = field(default_factory=lambda: {"ttft_ms": 1.0})
     disconnects: int = 0
     connections: int = 0  # TCP connections accepted
     # device validation (docs/node-protocol.md): /health's "device" block when set, and the
@@ -215,7 +219,7 @@ class FakeNodeHandler(BaseHTTPRequestHandler):
                 "object": "chat.completion.chunk",
                 "choices": [],
                 "usage": _usage(self.node),
-                "timings": {"ttft_ms": 1.0},
+                "timings": self.node.timings,
             }
             stop = {
                 "object": "chat.completion.chunk",
@@ -280,10 +284,10 @@ def _events(node: FakeNode, *, finish: bool, done: bool) -> bytes:
 
 def _usage(node: FakeNode) -> dict[str, Any]:
     return {
-        "prompt_tokens": 10,
+        "prompt_tokens": node.prompt_tokens,
         "completion_tokens": len(node.tokens),
-        "total_tokens": 13,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "total_tokens": node.prompt_tokens + len(node.tokens),
+        "prompt_tokens_details": {"cached_tokens": node.cached_tokens},
     }
 
 
@@ -296,7 +300,7 @@ def _completion(node: FakeNode, text: str) -> dict[str, Any]:
             {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         ],
         "usage": _usage(node),
-        "timings": {"ttft_ms": 1.0},
+        "timings": node.timings,
     }
 
 

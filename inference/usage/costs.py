@@ -32,6 +32,11 @@ class Pricing:
         return cls(inputs.node_month()["total"] / (HOURS_PER_MONTH * 3600), currency)
 
 
+def significant(value: float, digits: int = 6) -> float:
+    """``value`` to ``digits`` significant figures (costs of a turn are millionths)."""
+    return float(f"{value:.{digits}g}")
+
+
 def node_seconds(figures: dict[str, Any]) -> float:
     return float(figures.get("prefill_s") or 0.0) + float(figures.get("decode_s") or 0.0)
 
@@ -57,9 +62,9 @@ def priced(figures: dict[str, Any], pricing: Pricing) -> dict[str, Any]:
     return {
         **figures,
         "node_seconds": round(seconds, 6),
-        "cost": round(cost, 8),
-        "cost_per_request": round(cost / requests, 8) if requests else None,
-        "cost_per_million_tokens": round(cost / tokens * 1e6, 6) if tokens else None,
-        "saved": round(saved_prefill_s(figures) * pricing.per_node_second, 8),
+        "cost": significant(cost),
+        "cost_per_request": significant(cost / requests) if requests else None,
+        "cost_per_million_tokens": significant(cost / tokens * 1e6) if tokens else None,
+        "saved": significant(saved_prefill_s(figures) * pricing.per_node_second),
         "currency": pricing.currency,
     }

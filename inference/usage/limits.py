@@ -46,6 +46,11 @@ WORDS = {
 }
 
 
+def clock() -> float:
+    """Now, in epoch seconds (the windows' clock; tests move it)."""
+    return time.time()
+
+
 class OverLimit(ProxyError):
     """A caller over one of its limits (429 with Retry-After, ``param`` the limit's name)."""
 
@@ -146,7 +151,7 @@ def _admit(caller: Caller, windows: Windows, now: float) -> Admission:
 
 def admit(caller: Caller) -> Admission:
     """Let a turn of ``caller`` in, or raise ``OverLimit`` (429). Blocking (tests, threads)."""
-    now = time.time()
+    now = clock()
     return _admit(caller, Windows.at(now), now)
 
 
@@ -155,7 +160,7 @@ async def aadmit(caller: Caller) -> Admission | None:
     Redis round trip on the loop, a database write in a DB thread."""
     if not caller.limits.limited:
         return None
-    now = time.time()
+    now = clock()
     if settings.REDIS_URL:
         return _admit(caller, Windows.at(now), now)
     return await db_thread(_admit)(caller, Windows.at(now), now)

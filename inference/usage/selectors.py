@@ -4,7 +4,6 @@ model over a period, series over time, a session's cost, and quota use now.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -15,7 +14,7 @@ from django.utils import timezone
 
 from inference.models import ApiToken, CostModel, UsageMinute, UsageTurn
 from inference.usage import limits
-from inference.usage.costs import Pricing, priced
+from inference.usage.costs import Pricing, priced, significant
 from inference.usage.models import COUNTERS, SECONDS
 from inference.usage.quotas import limits_for
 
@@ -52,7 +51,7 @@ def usage_by(*, group: str, hours: float = 24.0) -> list[dict[str, Any]]:
         entry.update({f: row[f] for f in fields})
         entry["sessions"] = sessions.get(row[fields[0]], 0)
         entry["cost_per_session"] = (
-            round(entry["cost"] / entry["sessions"], 8) if entry["sessions"] else None
+            significant(entry["cost"] / entry["sessions"]) if entry["sessions"] else None
         )
         out.append(entry)
     return sorted(out, key=lambda e: (-e["cost"], -e["requests"]))
@@ -92,7 +91,7 @@ def usage_series(*, group: str = "caller", hours: float = 24.0) -> dict[str, Any
         line["t"].append(row["t"].isoformat())
         line["tokens"].append(int(row["prompt"] or 0) + int(row["completion"] or 0))
         seconds = float(row["prefill"] or 0) + float(row["decode"] or 0)
-        line["cost"].append(round(seconds * price.per_node_second, 8))
+        line["cost"].append(significant(seconds * price.per_node_second))
     return {
         "bucket": bucket,
         "currency": price.currency,
@@ -126,7 +125,7 @@ def csv_rows(*, hours: float = 24.0) -> Iterator[list[Any]]:
     yield from (
         [row.minute.isoformat(), row.caller, row.caller_name, row.model, row.package]
         + [row.node_id, *(getattr(row, n) for n in FIGURES)]
-        + [round((row.prefill_s + row.decode_s) * price.per_node_second, 8), price.currency]
+        + [significant((row.prefill_s + row.decode_s) * price.per_node_second), price.currency]
         for row in _period(hours).order_by("minute", "caller")
     )
 
@@ -135,7 +134,7 @@ def quota_use() -> list[dict[str, Any]]:
     """Each live token with a counted limit: its limits and what the current windows hold
     (``{"token_id", "name", "limits": {...}, "used": {limit: count}}``)."""
     out = []
-    now = time.time()
+    now = limits.clock()
     windows = limits.Windows.at(now)
     for token in ApiToken.objects.filter(revoked=False).select_related("console_role"):
         role = token.console_role.role if hasattr(token, "console_role") else "operator"

@@ -6,6 +6,7 @@ closes), which queues the record and settles the rate limits (tokens, lease).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
@@ -13,6 +14,7 @@ from console.lib.bare_http import db_thread
 from inference.usage import limits
 from inference.usage.limits import Admission
 from inference.usage.meter import Meter
+from inference.usage.priority import gate
 from inference.usage.quotas import Caller
 from inference.usage.recorder import Turn, recorder
 
@@ -28,6 +30,12 @@ class Ticket:
     continuation: bool = False
     meter: Meter = field(default_factory=Meter)
     ended: bool = False
+    gated: bool = False  # holds a slot of the priority gate (``inference.usage.priority``)
+
+    def leave_gate(self) -> None:
+        if self.gated:
+            self.gated = False
+            gate.leave()
 
     def carried_on(self) -> Ticket:
         """The ticket of the continuation of this (cut) answer: its tokens count in the same
@@ -37,15 +45,30 @@ class Ticket:
         return Ticket(self.caller, carried, continuation=True)
 
 
-async def open_ticket(caller: Caller) -> Ticket:
-    """Admit a turn of ``caller`` (``limits.aadmit``: raises ``OverLimit``, 429)."""
-    return Ticket(caller, await limits.aadmit(caller))
+async def open_ticket(caller: Caller, policy: Any = None) -> Ticket:
+    """Admit a turn of ``caller`` (``limits.aadmit``: raises ``OverLimit``, 429), then, with
+    the routing ``policy``, take a slot of the priority gate (its ``max_inflight`` and
+    ``queue_wait_s``; raises ``ArrayFull``, 429, when refused)."""
+    ticket = Ticket(caller, await limits.aadmit(caller))
+    if policy is None:
+        return ticket
+    try:
+        ticket.gated = await gate.enter(
+            priority=caller.limits.priority,
+            capacity=policy.max_inflight,
+            wait_s=policy.queue_wait_s,
+        )
+    except BaseException:
+        await release(ticket)
+        raise
+    return ticket
 
 
 async def release(ticket: Ticket | None) -> None:
     """A turn that reached no node: its lease back, nothing counted but the refusal."""
     if ticket is not None and not ticket.ended:
         ticket.ended = True
+        ticket.leave_gate()
         await _settle(ticket.admission, 0)
 
 
@@ -73,6 +96,7 @@ async def ended(
     if ticket is None or ticket.ended:
         return
     ticket.ended = True
+    ticket.leave_gate()
     figures = ticket.meter.figures()
     recorder.record(
         Turn(
