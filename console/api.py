@@ -113,6 +113,7 @@ from inference.prefixes.api import router as prefixes_router  # noqa: E402
 from inference.semcache.api import router as cache_router  # noqa: E402
 from inference.token_api import router as tokens_router  # noqa: E402
 from inference.upgrades.api import router as upgrades_router  # noqa: E402
+from inference.usage.api import router as usage_router  # noqa: E402
 from nodes.api import router as nodes_router  # noqa: E402
 from nodes.api_validation import router as validation_router  # noqa: E402
 
@@ -127,4 +128,5 @@ api.add_router("/", alerts_router)
 api.add_router("/", logs_router)
 api.add_router("/", cache_router)
 api.add_router("/", prefixes_router)
+api.add_router("/", usage_router)
 api.add_router("/", inference_router)  # /api/sessions, /api/routing/policy

@@ -13,6 +13,8 @@ from console.lib.errors import Invalid
 from console.models import Role
 from inference import tokens
 from inference.models import ApiToken
+from inference.usage.quota_api import LimitsOut
+from inference.usage.quotas import limits_as_dict, limits_for
 
 router = Router()
 
@@ -27,6 +29,7 @@ class TokenOut(Schema):
     last_used_at: datetime | None
     created_by: str | None
     cache_answers: bool = Field(description="its stateless requests use cached answers")
+    quota: LimitsOut = Field(description="its limits in force (set at /api/quotas/tokens/{id})")
 
 
 class TokenIn(Schema):
@@ -39,16 +42,18 @@ class TokenCreatedOut(TokenOut):
 
 
 def _token_out(token: ApiToken) -> dict:
+    role = tokens.token_role(token).value
     return {
         "id": token.pk,
         "name": token.name,
         "prefix": token.prefix,
-        "role": tokens.token_role(token).value,
+        "role": role,
         "revoked": token.revoked,
         "created_at": token.created_at,
         "last_used_at": token.last_used_at,
         "created_by": token.created_by.get_username() if token.created_by else None,
         "cache_answers": token.cache_answers,
+        "quota": limits_as_dict(limits_for(role=role, token_id=token.pk)),
     }
 
 

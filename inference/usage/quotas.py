@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from django.db import transaction
+
 from console.lib.audit import audit_record
 from console.lib.errors import Invalid, NotFound
 from console.models import Role
@@ -126,6 +128,7 @@ def _quota(*, token_id: int | None, role: str, create: bool) -> Quota | None:
     return Quota.objects.filter(**lookup).first()
 
 
+@transaction.atomic
 def quota_set(
     *, changes: dict[str, Any], token_id: int | None = None, role: str = ""
 ) -> dict[str, Any]:
@@ -148,3 +151,54 @@ def quota_set(
 
 def limits_as_dict(limits: Limits) -> dict[str, Any]:
     return {f.name: getattr(limits, f.name) for f in fields(limits)}
+
+
+def quota_check(changes: dict[str, Any]) -> dict[str, int | None]:
+    """``changes`` as ``quota_set`` would store them (None blank), without storing: for
+    callers that check a whole document first (the config file). Raises ``Invalid`` naming
+    the field."""
+    return _check(changes)
+
+
+def quota_token_named(*, name: str) -> int:
+    """The id of the one token (not revoked) named ``name``: the config file names tokens.
+    Raises ``NotFound`` (none) or ``Invalid`` (several: names are not unique)."""
+    ids = list(
+        ApiToken.objects.filter(name=name, revoked=False)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    if not ids:
+        raise NotFound(f"no token named {name!r} (not revoked).", code="token_not_found")
+    if len(ids) > 1:
+        raise Invalid(
+            f"{len(ids)} tokens are named {name!r} (ids {', '.join(map(str, ids))}): "
+            "rename or revoke all but one, or set its quota on the Tokens page.",
+            code="token_ambiguous",
+            field="name",
+        )
+    return ids[0]
+
+
+def quota_table() -> dict[str, Any]:
+    """Every role's default and every token's quota, in two queries: ``{"roles": {role:
+    values}, "tokens": [{"token_id", "name", "role", "revoked", "values", "in_force"}]}``
+    (``values`` as ``quota_values``, ``in_force`` a ``Limits``), tokens by id."""
+    stored = {q.role: _row(q) for q in Quota.objects.exclude(role="")}
+    roles = {r: stored.get(r) or dict.fromkeys(Quota.LIMITS) for r in Role.values}
+    rows = []
+    for token in ApiToken.objects.select_related("console_role", "quota").order_by("pk"):
+        own_role = getattr(token, "console_role", None)
+        role = own_role.role if own_role else Role.OPERATOR.value
+        values = _row(getattr(token, "quota", None)) or dict.fromkeys(Quota.LIMITS)
+        rows.append(
+            {
+                "token_id": token.pk,
+                "name": token.name,
+                "role": role,
+                "revoked": token.revoked,
+                "values": values,
+                "in_force": merged(values, roles[role]),
+            }
+        )
+    return {"roles": roles, "tokens": rows}
