@@ -277,3 +277,25 @@ def test_the_timings_split_the_time_to_first_token() -> None:
         assert t["prefill_ms"] > 0
     finally:
         engine.stop()
+
+
+def test_concurrent_requests_share_the_node_seconds_of_the_steps_they_shared(
+    driver: EngineDriver,
+) -> None:
+    """Each request's node time (``prefill_node_ms``, ``decode_node_ms``: what usage
+    accounting prices) is its share of the steps it was in, so the node-seconds of requests
+    decoded together add up to no more than the time the engine spent on them."""
+    started = time.perf_counter()
+    runs = [
+        driver.submit(user(f"Count from one to twenty, variant {i}."), max_tokens=24)
+        for i in range(3)
+    ]
+    done = [run.wait()[1] for run in runs]
+    span_ms = (time.perf_counter() - started) * 1000
+    for finished in done:
+        t = finished.timings
+        assert t["prefill_node_ms"] > 0 and t["decode_node_ms"] > 0
+        assert t["prefill_node_ms"] <= t["prefill_ms"] + 0.5
+        assert t["decode_node_ms"] <= t["total_ms"] - t["ttft_ms"] + 0.5
+    shared = sum(f.timings["prefill_node_ms"] + f.timings["decode_node_ms"] for f in done)
+    assert shared <= span_ms
