@@ -72,6 +72,32 @@ class TokenForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices, initial=Role.VIEWER)
 
 
+QUOTA_LABELS = {
+    "requests_per_minute": "Requests per minute",
+    "tokens_per_minute": "Tokens per minute",
+    "tokens_per_day": "Tokens per day (UTC)",
+    "concurrent_sessions": "Concurrent sessions",
+    "max_tokens": "Max tokens per request",
+    "priority": "Priority (0-9, higher waits less)",
+}
+
+
+class QuotaForm(forms.Form):
+    """A token's quota or a role's default (``inference.usage.quotas.quota_set`` checks the
+    values): one optional whole number per limit, blank to inherit (a token) or for no limit
+    (a role). ``inherited``: what a blank gives, by limit, shown as each field's placeholder."""
+
+    def __init__(self, *args, inherited: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for name, label in QUOTA_LABELS.items():
+            hint = (inherited or {}).get(name, "no limit" if name != "priority" else "5")
+            self.fields[name] = forms.IntegerField(
+                label=label,
+                required=False,
+                widget=forms.NumberInput(attrs={"min": 0, "placeholder": f"blank: {hint}"}),
+            )
+
+
 class JoinTokenForm(forms.Form):
     """Mint a one-time join token for a node on another host (``nodes.joining``)."""
 
