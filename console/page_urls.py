@@ -19,6 +19,7 @@ from console import (
     routing_pages,
     token_pages,
     upgrade_pages,
+    usage_pages,
     validation_pages,
 )
 
@@ -101,6 +102,7 @@ urlpatterns = [
     path("prefixes/", prefix_pages.prefixes, name="prefixes"),
     path("prefixes/register/", prefix_pages.prefix_register, name="prefix_register"),
     path("prefixes/<slug:name>/remove/", prefix_pages.prefix_remove, name="prefix_remove"),
+    path("usage/", usage_pages.usage, name="usage"),
     path("alerts/", alert_pages.alerts, name="alerts"),
     path(
         "alerts/<int:alert_id>/acknowledge/",

@@ -34,6 +34,7 @@ NAV = [
     ("logs", "Logs"),
     ("cache", "Cache"),
     ("prefixes", "Prefixes"),
+    ("usage", "Usage"),
     ("alerts", "Alerts"),
 ]
 

@@ -66,10 +66,16 @@ def quota_bars() -> list[dict[str, Any]]:
 
 def usage_page(*, hours: float) -> dict[str, Any]:
     """The Usage page's figures: ``usage_report`` by caller, the series by model beside it
-    (``series_by_model``), and ``quotas`` (``quota_bars``)."""
+    (``series_by_model``), ``quotas`` (``quota_bars``) and the price of a node-second
+    (``per_node_second``, in ``currency``)."""
     report = usage_report(hours=hours, group="caller")
     by_model = selectors.usage_series(group="model", hours=hours)
-    return {**report, "series_by_model": by_model["series"], "quotas": quota_bars()}
+    return {
+        **report,
+        "series_by_model": by_model["series"],
+        "quotas": quota_bars(),
+        "per_node_second": selectors.pricing().per_node_second,
+    }
 
 
 def page_hours(raw: str | None) -> int:

@@ -84,11 +84,3 @@ def cost_model_set() -> CostModel:
         setattr(model, name, value)
     model.save()
     return model
-
-
-# ``manage.py shell`` code that writes the rows and the cost model (browser tests)
-SHELL_SETUP = """
-from tests.support.usage import cost_model_set, usage_rows_create
-cost_model_set()
-usage_rows_create()
-"""
