@@ -13,6 +13,9 @@ The shape (every section and key optional; a node needs ``id`` and ``address``):
       ai_module: device0,device1
       context_window: 4096
       max_batch: 32
+    quotas:
+      roles: {viewer: {requests_per_minute: 30, tokens_per_day: 200000}}
+      tokens: {ci-agent: {requests_per_minute: 60, priority: 7}}
 
 Where it goes: ``server.routing_key_header``, ``pool.health_check_interval_ms`` and
 ``pool.failover_strategy`` → ``inference.RoutingPolicy``; ``pool.nodes`` → ``nodes.Node`` (also
@@ -20,6 +23,10 @@ Where it goes: ``server.routing_key_header``, ``pool.health_check_interval_ms`` 
 external`` with ``served_name`` for an external OpenAI-compatible server, optional); the rest → ``console.ArrayConfig``. ``model_path`` names
 the package every listed node serves: the newest package with that ``gguf_path``, else the file
 is registered as a package when it exists on this host, else nodes keep theirs (a warning).
+``quotas`` → ``inference.usage.quotas.quota_set``: each role's default and each token's quota
+(``Quota.LIMITS``, a whole number or null for blank), a token by its name (the one not revoked
+with it: an unknown or shared name is an error naming it); export writes every role's and each
+token with a quota, except names several tokens share (a comment says which).
 
 Applying is idempotent (a second apply changes nothing and reports every node unchanged) and
 ``export_config(apply_config(parse_config(text)))`` gives the same document back. Nodes not in the

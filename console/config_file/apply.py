@@ -11,10 +11,12 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from console.config_file.parse import parse_config
-from console.config_file.spec import ApplyReport, ArraySpec, ConfigError, NodeSpec
+from console.config_file.spec import ApplyReport, ArraySpec, ConfigError, NodeSpec, QuotaSpec
 from console.lib.audit import audit_record
+from console.lib.errors import ConsoleError
 from console.models import ArrayConfig
 from inference.models import ModelPackage, RoutingPolicy
+from inference.usage.quotas import quota_set, quota_token_named, quota_values
 from nodes import services as node_services
 from nodes.live import live_node_changed, live_node_removed
 from nodes.models import Node
@@ -194,6 +196,33 @@ def _apply_node(spec: NodeSpec, package: ModelPackage | None, report: ApplyRepor
     live_node_changed(node_id=spec.node_id, event=saved.events.first() if node is None else None)
 
 
+def _quota_target(spec: QuotaSpec) -> dict[str, Any]:
+    """``quota_set``'s target for an entry: the role, or the one token (not revoked) with the
+    entry's name; ``ConfigError`` naming the entry when there is none or several."""
+    if spec.kind == "roles":
+        return {"role": spec.name}
+    try:
+        return {"token_id": quota_token_named(name=spec.name)}
+    except ConsoleError as exc:
+        raise ConfigError(exc.message, line=spec.line, field=spec.where) from exc
+
+
+def _apply_quotas(specs: list[QuotaSpec], report: ApplyReport) -> None:
+    """Set the limits each entry gives that differ from what is stored (``quota_set``,
+    audited as ``quota.set``); a limit the entry leaves out stays as it is."""
+    for spec in specs:
+        target = _quota_target(spec)
+        stored = quota_values(**target)
+        changed = {k: v for k, v in spec.values.items() if stored.get(k) != v}
+        if not changed:
+            continue
+        for name, value in changed.items():
+            report.note(f"{spec.where}.{name}", stored.get(name), value)
+        report.settings_changed.append(spec.where)
+        if not report.dry_run:
+            quota_set(changes=changed, **target)
+
+
 def apply_config(spec: ArraySpec, *, prune: bool = False, dry_run: bool = False) -> ApplyReport:
     """Make the inventory and settings match ``spec`` in one transaction; returns what changed
     (with ``dry_run``, what would change, and nothing is written)."""
@@ -211,6 +240,8 @@ def apply_config(spec: ArraySpec, *, prune: bool = False, dry_run: bool = False)
                     if not dry_run:
                         node.delete()
                         live_node_removed(node_id=node.node_id)
+        if spec.quotas is not None:
+            _apply_quotas(spec.quotas, report)
         if report.changed and not dry_run:
             audit_record(action="config.apply", target="config file", changes=_audit_lines(report))
     return report

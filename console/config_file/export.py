@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import yaml
@@ -9,6 +10,7 @@ import yaml
 from console.config_file.spec import _num, routing_fields
 from console.models import ArrayConfig
 from inference.models import RoutingPolicy
+from inference.usage.quotas import quota_table
 from nodes.models import Node
 
 
@@ -61,7 +63,28 @@ def export_document() -> dict[str, Any]:
     document: dict[str, Any] = {"server": server, "pool": pool, "routing": routing}
     if inference:
         document["inference"] = inference
+    document["quotas"] = _quotas()[0]
     return document
+
+
+def _quotas() -> tuple[dict[str, Any], list[str]]:
+    """The ``quotas`` section (every role's default, every limit; each token with a quota,
+    not revoked, by name) and the names left out: those several tokens share, which the file
+    cannot tell apart."""
+    table = quota_table()
+    active = [row for row in table["tokens"] if not row["revoked"]]
+    shared = Counter(row["name"] for row in active)
+    tokens: dict[str, Any] = {}
+    left_out: set[str] = set()
+    for row in active:
+        if all(value is None for value in row["values"].values()):
+            continue
+        if shared[row["name"]] > 1:
+            left_out.add(row["name"])
+        else:
+            tokens[row["name"]] = _Flow(row["values"])
+    roles = {role: _Flow(values) for role, values in table["roles"].items()}
+    return {"roles": roles, "tokens": tokens}, sorted(left_out)
 
 
 def _node_entry(node: Node) -> _Flow:
@@ -94,7 +117,7 @@ def _plain_value(value: Any) -> Any:
 
 def export_config() -> str:
     """The inventory and settings as YAML text (apply it to get the same inventory back)."""
-    return yaml.dump(
+    text = yaml.dump(
         export_document(),
         Dumper=_Dumper,
         sort_keys=False,
@@ -102,3 +125,11 @@ def export_config() -> str:
         default_flow_style=False,
         allow_unicode=True,
     )
+    left_out = _quotas()[1]
+    if left_out:
+        text += (
+            f"# quotas.tokens: not written for {', '.join(left_out)}: several tokens (not "
+            "revoked) have that name; rename them to set their quotas here, or set them on the "
+            "Tokens page.\n"
+        )
+    return text

@@ -18,9 +18,13 @@ from console.config_file.spec import (
     ArraySpec,
     ConfigError,
     NodeSpec,
+    QuotaSpec,
     routing_fields,
 )
-from inference.models import RoutingPolicy
+from console.lib.errors import Invalid
+from console.models import Role
+from inference.models import Quota, RoutingPolicy
+from inference.usage.quotas import quota_check
 
 
 def _line(node: yaml.Node) -> int:
@@ -216,7 +220,7 @@ def parse_config(text: str) -> ArraySpec:
     root = _compose(text)
     if root is None:
         return ArraySpec()
-    top = _mapping(root, "", {"server", "pool", "routing", "inference"})
+    top = _mapping(root, "", {"server", "pool", "routing", "inference", "quotas"})
     values: dict[str, Any] = {}
     if "server" in top:
         values |= _server(top["server"])
@@ -226,6 +230,8 @@ def parse_config(text: str) -> ArraySpec:
         values["routing"] = _routing(top["routing"])
     if "inference" in top:
         values |= _inference(top["inference"])
+    if "quotas" in top:
+        values["quotas"] = _quotas(top["quotas"])
     return ArraySpec(**values)
 
 
@@ -295,3 +301,45 @@ def _inference(node: yaml.Node) -> dict[str, Any]:
         if key in inf:
             values[key] = _int(inf[key], f"inference.{key}", 1)
     return values
+
+
+def _entries(node: yaml.Node, path: str, names: set[str] | None) -> dict[str, yaml.Node]:
+    """A mapping by name (``names`` the allowed ones, None: any); empty when null."""
+    if isinstance(node, yaml.ScalarNode) and _construct(node) is None:
+        return {}
+    if names is None and isinstance(node, yaml.MappingNode):
+        names = {k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    return _mapping(node, path, names or set())
+
+
+def _quotas(node: yaml.Node) -> list[QuotaSpec]:
+    """The ``quotas`` section: ``roles`` (each role's default) and ``tokens`` (by name), each
+    ``{limit: whole number, or null for blank}``."""
+    section = _entries(node, "quotas", {"roles", "tokens"})
+    specs: list[QuotaSpec] = []
+    for kind, names in (("roles", set(Role.values)), ("tokens", None)):
+        if kind in section:
+            for name, entry in _entries(section[kind], f"quotas.{kind}", names).items():
+                specs.append(_quota(entry, kind, name))
+    return specs
+
+
+def _quota(node: yaml.Node, kind: str, name: str) -> QuotaSpec:
+    path = f"quotas.{kind}.{name}"
+    values: dict[str, int | None] = {}
+    lines: dict[str, int] = {}
+    for limit, value_node in _entries(node, path, set(Quota.LIMITS)).items():
+        value = _scalar(value_node, f"{path}.{limit}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(
+                "must be a whole number, or null for blank.",
+                line=_line(value_node),
+                field=f"{path}.{limit}",
+            )
+        try:
+            values |= quota_check({limit: value})
+        except Invalid as exc:
+            message = exc.message.removeprefix(f"{limit}: ")
+            raise ConfigError(message, line=_line(value_node), field=f"{path}.{limit}") from exc
+        lines[limit] = _line(value_node)
+    return QuotaSpec(kind=kind, name=name, values=values, lines=lines, line=_line(node))

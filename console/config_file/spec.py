@@ -44,6 +44,23 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class QuotaSpec:
+    """One entry of the ``quotas`` section: a role's default (``kind`` "roles") or a token's
+    quota (``kind`` "tokens", by the token's name). ``values``: the limits the entry gives
+    (None: blank), each at its ``lines[limit]``."""
+
+    kind: str
+    name: str
+    values: dict[str, int | None]
+    lines: dict[str, int]
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"quotas.{self.kind}.{self.name}"
+
+
+@dataclass(frozen=True)
 class ArraySpec:
     """A parsed, valid config file; None means "not in the file: leave as it is"."""
 
@@ -57,6 +74,7 @@ class ArraySpec:
     context_window: int | None = None
     max_batch: int | None = None
     routing: dict[str, tuple[Any, int]] | None = None  # policy field -> (value, line)
+    quotas: list[QuotaSpec] | None = None  # roles' defaults, then tokens' quotas
 
 
 @dataclass

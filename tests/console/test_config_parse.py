@@ -90,7 +90,7 @@ NODE = "pool:\n  nodes:\n    - {id: a, %s}\n"
         ("~\n", "line 1: must be a mapping (key: value)."),
         (
             "surprise: 1\n",
-            "line 1, surprise: unknown key; expected one of inference, pool, routing, server.",
+            "line 1, surprise: unknown key; expected one of inference, pool, quotas, routing, server.",
         ),
         ("pool: {}\npool: {}\n", "line 2, pool: appears twice."),
         ("server: {listen: [1]}\n", "line 1, server.listen: must be a single value."),
