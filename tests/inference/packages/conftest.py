@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from inference.packages.gguf_files import write_with_chat_template
 from tests.support.processes import bundled_model_path
 
 
@@ -21,3 +22,13 @@ def home(settings, tmp_path) -> Path:
 def bundled() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF."""
     return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def bare_gguf(bundled, tmp_path_factory) -> Path:
+    """The bundled model written without a chat template (``write_with_chat_template(...,
+    None)``), once for the session: a rewrite of the whole file takes seconds. Read it, never
+    change it."""
+    path = tmp_path_factory.mktemp("bare") / "base.gguf"
+    write_with_chat_template(bundled, path, None)
+    return path

@@ -155,10 +155,8 @@ def test_it_writes_a_copy_with_a_new_chat_template(model, model_tensors, tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["templated.gguf"]  # no temporary file left
 
 
-def test_it_removes_the_chat_template_when_given_none(model, model_tensors, tmp_path):
-    copy = tmp_path / "bare.gguf"
-
-    write_with_chat_template(model, copy, None)
+def test_it_removes_the_chat_template_when_given_none(model, model_tensors, bare_gguf):
+    copy = bare_gguf  # write_with_chat_template(model, copy, None), shared by the package tests
 
     facts = read_facts(copy)
     assert (facts.chat_template, facts.chat_template_sha256) == ("", "")

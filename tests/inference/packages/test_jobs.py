@@ -47,14 +47,18 @@ def stored_files(home: Path) -> set[str]:
 @pytest.mark.django_db
 def test_it_quantizes_the_real_model_into_two_types(home, bundled):
     src = source(bundled)
-    for target in ("Q8_0", "Q4_0"):
-        queued = services.package_build_enqueue(package_id=src.pk, quantization=target)
+    # the second build requantizes: the job passes the method on (and skips a second
+    # dequantization to F16, which tests/inference/packages/test_build.py covers)
+    for target, method in (("Q8_0", "f16"), ("Q4_0", "requantize")):
+        queued = services.package_build_enqueue(
+            package_id=src.pk, quantization=target, method=method
+        )
         done = jobs.job_execute(queued.pk)
         assert done.state == "succeeded", done.error
         built = done.output
         assert built.key == f"smollm2-135m-instruct-{target.lower()}:1"
         assert built.quantization == target and built.parent == src
-        assert built.lineage["requested"] == target and built.lineage["method"] == "f16"
+        assert built.lineage["requested"] == target and built.lineage["method"] == method
         assert built.build_report["tensor_types"] == built.tensor_types
         assert max(built.tensor_types, key=built.tensor_types.get) == target  # mostly that type
         assert Path(built.gguf_path).is_file() and built.status == "draft"
@@ -84,7 +88,10 @@ def test_a_cancelled_build_leaves_nothing_behind(home, bundled):
 @pytest.mark.django_db(transaction=True)
 def test_a_job_whose_process_died_runs_again_from_the_start(home, bundled):
     src = source(bundled)
-    queued = services.package_build_enqueue(package_id=src.pk, quantization="Q8_0")
+    # requantized (no F16 copy first): the subject is the run again, not the method
+    queued = services.package_build_enqueue(
+        package_id=src.pk, quantization="Q8_0", method="requantize"
+    )
     jobs.jobs_tick()
     first = until(lambda: (j := job(queued.pk)).progress > 0.02 and j)
     os.killpg(first.pid, signal.SIGKILL)  # as a machine restart would

@@ -10,7 +10,7 @@ from console import services as console_services
 from console.lib.errors import Conflict
 from inference.models import ModelPackage
 from inference.packages import services
-from inference.packages.gguf_files import read_facts, write_with_chat_template
+from inference.packages.gguf_files import read_facts
 from inference.packages.registry import BadFile
 from nodes.models import Node
 
@@ -50,17 +50,14 @@ def test_it_imports_a_gguf_into_the_content_addressed_store(home, bundled):
     assert again.package.pk == package.pk and not again.created
 
 
-def test_the_same_version_with_another_file_is_a_conflict(home, bundled, tmp_path):
+def test_the_same_version_with_another_file_is_a_conflict(home, bundled, bare_gguf):
     imported(bundled)
-    other = tmp_path / "other.gguf"
-    write_with_chat_template(bundled, other, "{{ messages }}")
     with pytest.raises(Conflict, match="smol:1 exists with another file"):
-        imported(other)
+        imported(bare_gguf)  # the same weights, other bytes (no chat template)
 
 
-def test_a_gguf_without_a_chat_template_says_so_and_is_completion_only(home, bundled, tmp_path):
-    base = tmp_path / "base.gguf"
-    write_with_chat_template(bundled, base, None)
+def test_a_gguf_without_a_chat_template_says_so_and_is_completion_only(home, bare_gguf):
+    base = bare_gguf
     bare = imported(base, name="base-model")
     assert bare.package.template_source == "none" and bare.package.completion_only
     assert "has no chat template" in bare.warnings[0]
