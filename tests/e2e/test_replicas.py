@@ -24,9 +24,10 @@ pytestmark = pytest.mark.e2e
 SESSIONS = 24
 
 
-@pytest.fixture
-def replicas(tmp_path) -> Iterator[Replicas]:
-    with replica_array(tmp_path) as array:
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory) -> Iterator[Replicas]:
+    """One array for the module: its tests use sessions and tokens of their own."""
+    with replica_array(tmp_path_factory.mktemp("replicas")) as array:
         yield array
 
 
