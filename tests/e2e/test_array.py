@@ -70,7 +70,13 @@ def array(tmp_path_factory):
         # the control loop marks both nodes up, with a load, and validates them one at a time
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            listed = httpx.get(f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"})
+            try:  # the nodes may answer before the control plane listens (a busy machine)
+                listed = httpx.get(
+                    f"{base}/api/nodes", headers={"Authorization": f"Bearer {TOKEN}"}
+                )
+            except httpx.TransportError:
+                time.sleep(0.5)
+                continue
             if listed.status_code == 200 and all(
                 n["state"] == "up" and n["validation"] in ("passed", "warned")
                 for n in listed.json()
