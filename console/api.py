@@ -114,6 +114,7 @@ from inference.semcache.api import router as cache_router  # noqa: E402
 from inference.token_api import router as tokens_router  # noqa: E402
 from inference.upgrades.api import router as upgrades_router  # noqa: E402
 from inference.usage.api import router as usage_router  # noqa: E402
+from inference.usage.quota_api import router as quotas_router  # noqa: E402
 from nodes.api import router as nodes_router  # noqa: E402
 from nodes.api_validation import router as validation_router  # noqa: E402
 
@@ -128,5 +129,6 @@ api.add_router("/", alerts_router)
 api.add_router("/", logs_router)
 api.add_router("/", cache_router)
 api.add_router("/", prefixes_router)
+api.add_router("/", quotas_router)
 api.add_router("/", usage_router)
 api.add_router("/", inference_router)  # /api/sessions, /api/routing/policy

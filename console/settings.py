@@ -112,6 +112,9 @@ def _database_from_env() -> dict:
 
 DATABASES = {"default": _database_from_env()}
 
+# Usage accounting, quotas and rate limits per token (docs/usage.md); 0 turns all three off
+USAGE_ACCOUNTING = os.environ.get("PHALANX_USAGE_ACCOUNTING", "1") != "0"
+
 REDIS_URL = os.environ.get("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {

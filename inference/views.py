@@ -122,7 +122,7 @@ async def _opened(
     key: str | None,
     policy: RoutingPolicy,
     rid: str,
-    ticket: Ticket,
+    ticket: Ticket | None,
 ) -> Upstream:
     """``proxy.upstream_open`` for the turn; its ticket goes back when no node answers."""
     try:

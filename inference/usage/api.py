@@ -113,7 +113,7 @@ class _Echo:
     "/usage.csv",
     response={200: None},
     openapi_extra={
-        "responses": {"200": {"description": "CSV, header first", "content": {"text/csv": {}}}}
+        "responses": {200: {"description": "CSV, header first", "content": {"text/csv": {}}}}
     },
     summary="The minute rows of a period as CSV (a row per minute, caller, model, package, node)",
     auth=NEEDS_VIEWER,

@@ -187,7 +187,7 @@ def cap_max_tokens(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """``body`` with the caller's ``max_tokens`` limit applied: the limit when it asks for
     none; raises ``BadRequest`` (400, ``param`` max_tokens) when it asks for more."""
     cap = limits.max_tokens
-    if not cap:
+    if not cap or not settings.USAGE_ACCOUNTING:
         return body
     for field in ("max_tokens", "max_completion_tokens"):
         asked = body.get(field)

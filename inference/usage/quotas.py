@@ -93,6 +93,10 @@ def quota_values(*, token_id: int | None = None, role: str = "") -> dict[str, An
     return _row(quota) or dict.fromkeys(Quota.LIMITS)
 
 
+INT_TOP = 2_147_483_647  # the largest value of the 32-bit integer columns (PostgreSQL integer)
+_TOPS = {"priority": MAX_PRIORITY, "tokens_per_day": 2**40}
+
+
 def _check(changes: dict[str, Any]) -> dict[str, int | None]:
     checked: dict[str, int | None] = {}
     for name, value in changes.items():
@@ -107,7 +111,7 @@ def _check(changes: dict[str, Any]) -> dict[str, int | None]:
             number = int(value)
         except ValueError:
             raise Invalid(f"{name}: {value!r} is not a whole number.", field=name) from None
-        top = MAX_PRIORITY if name == "priority" else 2**40
+        top = _TOPS.get(name, INT_TOP)
         if not 0 <= number <= top:
             raise Invalid(f"{name}: must be between 0 and {top}.", field=name)
         checked[name] = number

@@ -45,10 +45,13 @@ class Ticket:
         return Ticket(self.caller, carried, continuation=True)
 
 
-async def open_ticket(caller: Caller, policy: Any = None) -> Ticket:
+async def open_ticket(caller: Caller, policy: Any = None) -> Ticket | None:
     """Admit a turn of ``caller`` (``limits.aadmit``: raises ``OverLimit``, 429), then, with
     the routing ``policy``, take a slot of the priority gate (its ``max_inflight`` and
-    ``queue_wait_s``; raises ``ArrayFull``, 429, when refused)."""
+    ``queue_wait_s``; raises ``ArrayFull``, 429, when refused). None when usage accounting
+    is off (``PHALANX_USAGE_ACCOUNTING=0``): nothing counted, limited or queued."""
+    if not settings.USAGE_ACCOUNTING:
+        return None
     ticket = Ticket(caller, await limits.aadmit(caller))
     if policy is None:
         return ticket

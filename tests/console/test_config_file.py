@@ -90,6 +90,7 @@ NON_DEFAULT_POLICY = {
     "canary_timeout_s": 5.0,
     "max_inflight_per_node": 32,
     "max_inflight": 256,
+    "queue_wait_s": 1.5,
 }
 
 

@@ -96,7 +96,7 @@ def test_the_form_shows_what_is_stored(login, ci_agent):
     ("field", "value", "says"),
     [
         ("priority", "12", "priority: must be between 0 and 9."),
-        ("tokens_per_minute", "-5", "tokens_per_minute: must be between 0 and 1099511627776."),
+        ("tokens_per_minute", "-5", "tokens_per_minute: must be between 0 and 2147483647."),
         ("requests_per_minute", "many", "Enter a whole number."),
     ],
 )

@@ -133,6 +133,7 @@ def test_what_is_set_is_what_the_proxy_enforces_at_once(api, tokens):
         ({"max_tokens": True}, "max_tokens"),
         ({"concurrent_sessions": 1.5}, "concurrent_sessions"),
         ({"requests_per_hour": 5}, "requests_per_hour"),
+        ({"concurrent_sessions": 3_000_000_000}, "concurrent_sessions"),  # past an integer column
     ],
 )
 def test_a_bad_value_is_a_422_naming_its_field_and_changes_nothing(api, tokens, body, field):
