@@ -272,8 +272,8 @@ async def upstream_open(
     version that serves it (``Upstream.package``). ``avoid``: nodes kept out, with why;
     ``continuing``: the body goes on with an answer another node cut (``inference.migration``:
     Phalanx nodes only); ``request_id`` goes to the node (``X-Request-Id``); ``ticket``
-    (``inference.usage.turns.Ticket``) counts the turn's usage against its caller. Tries at most ``policy.max_attempts`` nodes, waiting ``retry_backoff_ms`` (doubling, at
-    most 1 s) between attempts. A node's 4xx is returned as is (the caller passes it on);
+    (``usage.turns.Ticket``) counts the turn against its caller. Tries at most
+    ``policy.max_attempts`` nodes, ``retry_backoff_ms`` apart (doubling, at most 1 s). A node's 4xx is returned as is (the caller passes it on);
     connection failures, timeouts, overload (503, 429) and a node marked down while we wait
     move to the next node. A 503 (queue full) from the node a session is pinned to is passed
     on as 503 with Retry-After instead: the session keeps its KV and its node. Any other 5xx
@@ -361,20 +361,19 @@ async def _attempt(
     deadline = _deadline(target, payload, policy)
     logs.bind(node_id=target.node_id, package=target.package)
     inflight.acquire(target.node_id)
+    opening = _open_first(
+        target.address,
+        node_id=target.node_id,
+        body={**payload, "model": target.model},
+        session_id=session_id,
+        policy=policy,
+        answer_as=(model, target.package) if target.package else None,
+        request_id=request_id,
+    )
+    check_every_s = max(0.2, policy.health_interval_s / 2)
     try:
         response, rest, first = await _watched(
-            target.node_id,
-            _open_first(
-                target.address,
-                node_id=target.node_id,
-                body={**payload, "model": target.model},
-                session_id=session_id,
-                policy=policy,
-                answer_as=(model, target.package) if target.package else None,
-                request_id=request_id,
-            ),
-            check_every_s=max(0.2, policy.health_interval_s / 2),
-            deadline=deadline,
+            target.node_id, opening, check_every_s=check_every_s, deadline=deadline
         )
     except BaseException as exc:
         _let_go(target.node_id, held)

@@ -46,6 +46,20 @@ def _nodes(home) -> dict[str, tuple[str, str]]:
         return {node_id: (state, validation) for node_id, state, validation in rows}
 
 
+def _read_both(up: subprocess.Popen) -> tuple[queue.Queue, queue.Queue, list[threading.Thread]]:
+    """Queues of ``up``'s stdout and stderr lines, read as they come (a full pipe would block
+    up), and their started reader threads."""
+    lines: queue.Queue = queue.Queue()
+    errors: queue.Queue = queue.Queue()
+    readers = [
+        threading.Thread(target=_lines, args=(stream, into), daemon=True)
+        for stream, into in ((up.stdout, lines), (up.stderr, errors))
+    ]
+    for reader in readers:
+        reader.start()
+    return lines, errors, readers
+
+
 def test_up_says_ready_only_once_every_node_takes_sessions(tmp_path):
     """Then Ctrl-C in a terminal running ``make run`` and a SIGTERM passed on right after
     (make, a service manager): one line, no traceback, exit status 0, and no child left
@@ -65,14 +79,7 @@ def test_up_says_ready_only_once_every_node_takes_sessions(tmp_path):
         text=True,
         start_new_session=True,
     )
-    lines: queue.Queue = queue.Queue()
-    errors: queue.Queue = queue.Queue()  # read as it comes: a full pipe would block up
-    readers = [
-        threading.Thread(target=_lines, args=(stream, into), daemon=True)
-        for stream, into in ((up.stdout, lines), (up.stderr, errors))
-    ]
-    for reader in readers:
-        reader.start()
+    lines, errors, readers = _read_both(up)
     seen: list[str] = []
     try:
         ready = _read_until(lines, "OpenAI base URL", seen, timeout=420)
