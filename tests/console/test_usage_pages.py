@@ -17,7 +17,14 @@ from inference.models import CostModel, Quota, RateWindow
 from inference.tokens import token_issue
 from inference.usage import limits
 from tests.console.test_pages import visible_text
-from tests.support.usage import ALPHA, TURNS, cost_model_set, turn_figures, usage_rows_create
+from tests.support.usage import (
+    ALPHA,
+    TURNS,
+    cost_model_set,
+    per_node_second,
+    turn_figures,
+    usage_rows_create,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -28,14 +35,7 @@ def money(value: float) -> str:
 
 
 def price() -> float:
-    model = CostModel.load()
-    month = (
-        model.power_w / 1000 * 730 * model.electricity_per_kwh
-        + model.hardware_cost / model.amortization_months
-        + model.operations_per_month
-        + model.space_per_month
-    )
-    return month / (730 * 3600)
+    return per_node_second(CostModel.load())
 
 
 def row_text(page: str, caller: str) -> str:

@@ -84,3 +84,16 @@ def cost_model_set() -> CostModel:
         setattr(model, name, value)
     model.save()
     return model
+
+
+def per_node_second(model: CostModel) -> float:
+    """The price of a node-second worked out from the cost model's fields: a node's month
+    (power over 730 hours, hardware over its amortization, operations, space) over the
+    seconds of 730 hours."""
+    month = (
+        model.power_w / 1000 * 730 * model.electricity_per_kwh
+        + model.hardware_cost / model.amortization_months
+        + model.operations_per_month
+        + model.space_per_month
+    )
+    return month / (730 * 3600)

@@ -13,22 +13,17 @@ from django.test import Client
 from console.models import Role
 from inference.models import CostModel, UsageMinute
 from inference.tokens import token_issue
-from tests.support.usage import ALPHA, OPS, TURNS, cost_model_set, turn_figures, usage_rows_create
+from tests.support.usage import (
+    ALPHA,
+    OPS,
+    TURNS,
+    cost_model_set,
+    per_node_second,
+    turn_figures,
+    usage_rows_create,
+)
 
 pytestmark = pytest.mark.django_db
-
-
-def per_node_second(model: CostModel) -> float:
-    """The price of a node-second worked out from the cost model's fields: a node's month
-    (power over 730 hours, hardware over its amortization, operations, space) over the
-    seconds of 730 hours."""
-    month = (
-        model.power_w / 1000 * 730 * model.electricity_per_kwh
-        + model.hardware_cost / model.amortization_months
-        + model.operations_per_month
-        + model.space_per_month
-    )
-    return month / (730 * 3600)
 
 
 def summed(who: dict | None = None, session: str | None = None) -> dict[str, float]:
