@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from inference.semcache.encoder import shared_encoder
 from inference.semcache.package import embedding_models, onnx_dir
 from inference.usage.limits import cap_max_tokens
 from inference.usage.quotas import Caller
-from inference.usage.turns import Ticket, open_ticket, release
+from inference.usage.turns import open_ticket, release
 
 NODE_HEADER = "X-Phalanx-Node"
 PACKAGE_HEADER = "X-Phalanx-Package"
@@ -98,11 +99,22 @@ async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
         body, model, key, policy, caller = await _prepare_chat(request)
         logs.bind(session_id=key)
         ticket = await open_ticket(caller, policy)  # OverLimit, ArrayFull: 429
-        asked = await _cache_asked(request, body, model)
-        if asked.hit is not None:
-            await release(ticket)
-            return _with_headers(_cached_answer(asked, body), asked, key)
-        upstream = await _opened(body, model, key, policy, rid, ticket)
+        try:
+            asked = await _cache_asked(request, body, model)  # BadRequest: a bad cache header
+            if asked.hit is not None:
+                await release(ticket)
+                return _with_headers(_cached_answer(asked, body), asked, key)
+            upstream = await proxy.upstream_open(
+                payload=body,
+                model=model,
+                session_id=key,
+                policy=policy,
+                request_id=rid,
+                ticket=ticket,
+            )
+        except BaseException:
+            await release(ticket)  # no node answers: the turn's slot and lease go back
+            raise
     except ProxyError as exc:
         return error_response(exc)
     if is_stream(upstream):
@@ -114,24 +126,6 @@ async def _chat(request: HttpRequest, rid: str) -> HttpResponse:
     if upstream.package:
         response[PACKAGE_HEADER] = upstream.package
     return _with_headers(response, asked, key)
-
-
-async def _opened(
-    body: dict[str, Any],
-    model: str,
-    key: str | None,
-    policy: RoutingPolicy,
-    rid: str,
-    ticket: Ticket | None,
-) -> Upstream:
-    """``proxy.upstream_open`` for the turn; its ticket goes back when no node answers."""
-    try:
-        return await proxy.upstream_open(
-            payload=body, model=model, session_id=key, policy=policy, request_id=rid, ticket=ticket
-        )
-    except BaseException:
-        await release(ticket)
-        raise
 
 
 def _with_headers(response: HttpResponse, asked: answers.Asked, key: str | None) -> HttpResponse:
@@ -187,8 +181,47 @@ def _remember_whole(asked: answers.Asked, response: HttpResponse, upstream: Upst
 def _streamed(upstream: Upstream, asked: answers.Asked | None = None) -> StreamingHttpResponse:
     if asked is not None and asked.miss is not None:
         events = migrating_events(upstream)
-        return _events_response(answers.teed(events, asked, upstream.package or ""))
-    return _events_response(sse_passthrough(upstream))
+        teed = answers.teed(events, asked, upstream.package or "")
+        return _events_response(ClosingStream(teed, upstream))
+    return _events_response(ClosingStream(sse_passthrough(upstream), upstream))
+
+
+class ClosingStream:
+    """A streamed answer's bytes for ``StreamingHttpResponse`` that closes its upstream however
+    the response ends. Read, the generator's own ``finally`` closes it; but a response dropped
+    before its first byte (the client went away between the view's return and the send)
+    never starts the generator, so its ``finally`` never runs: then ``close`` (Django calls it
+    from a worker thread) or, failing that, garbage collection hands the upstream's node
+    connection, ``max_inflight`` slot and usage lease back on the event loop."""
+
+    def __init__(self, events: AsyncIterator[bytes], upstream: Upstream) -> None:
+        self._events = events
+        self._upstream = upstream
+        self._loop = asyncio.get_running_loop()
+        self._started = False
+        self._closed = False
+
+    def __aiter__(self) -> ClosingStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self._started = True
+        return await anext(self._events)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._events.aclose()
+        if not self._started:
+            await self._upstream.aclose()
+
+    def close(self) -> None:
+        if self._closed or self._started or self._loop.is_closed():
+            return
+        self._closed = True
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._upstream.aclose()))
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _events_response(events: Any) -> StreamingHttpResponse:

@@ -22,10 +22,14 @@ def _fresh_lookups() -> None:
     from inference import lookups
     from inference.relay import broken_turns
     from inference.request_breaker import request_breaker
+    from inference.usage import priority
 
     lookups.clear()
     request_breaker.clear()
     broken_turns.clear()
+    # a process's priority gate, as a new process has it: each test has its own event loop,
+    # and a turn a test left open on a closed loop can never end
+    priority.gate.__init__()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -425,4 +426,38 @@ async def test_a_full_array_answers_429_with_retry_after_over_http_and_websocket
     event = await comm.receive_json_from(timeout=10)
     await comm.disconnect()
     assert event["type"] == "error" and event["code"] == "array_full" and event["retry_after"] >= 1
-    await held.streaming_content.aclose()
+    held.close()  # the client goes: the stream, never read, is closed on this loop
+    await asyncio.sleep(0.2)
+    assert (await post(AsyncClient(), body(), auth)).status_code == 200
+
+
+async def test_a_turn_refused_for_a_bad_cache_header_gives_its_slot_back(fakes, auth):
+    """The turn is admitted (a slot of max_inflight) before its X-Phalanx-Cache header is read:
+    the 400 for a bad one must hand the slot back, or the next turn finds the array full."""
+    await sync_to_async(policy_update)(changes={"max_inflight": 1})
+    bad = await AsyncClient().post(
+        CHAT, body(), content_type="application/json", headers={**auth, "X-Phalanx-Cache": "x"}
+    )
+    assert bad.status_code == 400 and "X-Phalanx-Cache" in error_of(bad)["message"]
+    ok = await post(AsyncClient(), body(), auth)
+    assert ok.status_code == 200, ok.content
+
+
+async def test_a_stream_dropped_before_its_first_byte_gives_its_slot_back(fakes, auth):
+    """A client gone between the view's return and the send: Django never starts the
+    response's generator (its finally never runs), yet the node connection, the slot of
+    max_inflight and the usage lease must go back."""
+    import gc
+
+    await sync_to_async(policy_update)(changes={"max_inflight": 1})
+    for fake in fakes.values():
+        fake.tokens, fake.token_delay = ["x"] * 200, 0.02  # a stream that stays open
+    held = await post(AsyncClient(), body(stream=True), auth)
+    assert held.status_code == 200
+    refused = await post(AsyncClient(), body(), auth)
+    assert refused.status_code == 429
+    del held
+    gc.collect()
+    await asyncio.sleep(0.2)
+    ok = await post(AsyncClient(), body(), auth)
+    assert ok.status_code == 200, ok.content
