@@ -1,9 +1,10 @@
 """The rate-limit counters in the database (no ``REDIS_URL``): ``RateWindow`` rows and
 ``InflightLease`` rows, shared by every process on the same database.
 
-One write transaction per admission. Its first statement writes the caller's lock row, which
-serializes admissions of one caller: SQLite's write lock, a row lock on PostgreSQL. Counting
-is then exact, also across processes. Rows expire with their window and are deleted by the
+One write transaction per admission, which serializes admissions: on SQLite the transaction
+itself (``BEGIN IMMEDIATE`` takes the database's write lock), on PostgreSQL its first
+statement, a write of the caller's lock row (a row lock held to the commit). Counting is then
+exact, also across processes; the windows are read in one query. Rows expire with their window and are deleted by the
 usage pruning (``recorder.usage_prune``).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
 from inference.models import InflightLease, RateWindow
@@ -20,6 +21,16 @@ from inference.usage.quotas import Limits
 
 def _at(epoch_s: float) -> datetime:
     return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+WINDOWED = ("tokens_per_minute", "tokens_per_day", "requests_per_minute")
+
+
+def _counts(window_keys: list[str]) -> dict[str, int]:
+    """The counts of the windows ``window_keys`` that exist, in one query."""
+    if not window_keys:
+        return {}
+    return dict(RateWindow.objects.filter(key__in=window_keys).values_list("key", "count"))
 
 
 def _count(key: str) -> int:
@@ -45,17 +56,19 @@ class DbLimitStore:
         from inference.usage.limits import DAY_S, LEASE_S, MINUTE_S
 
         caller = keys["concurrent_sessions"].rsplit(":", 1)[0]
-        _add(f"{caller}:lock", 1, now + DAY_S)  # the caller's lock, held to the commit
+        if connection.vendor != "sqlite":  # SQLite's IMMEDIATE transaction holds its write lock
+            _add(f"{caller}:lock", 1, now + DAY_S)  # the caller's lock, held to the commit
+        counts = _counts([keys[n] for n in WINDOWED if getattr(limits, n)])
         for name in ("tokens_per_minute", "tokens_per_day"):
             value = getattr(limits, name)
-            if value and _count(keys[name]) >= value:
+            if value and counts.get(keys[name], 0) >= value:
                 return name
         if limits.concurrent_sessions:
             live = InflightLease.objects.filter(caller=caller, expires_at__gt=_at(now))
             if live.count() >= limits.concurrent_sessions:
                 return "concurrent_sessions"
         if limits.requests_per_minute:
-            if _count(keys["requests_per_minute"]) >= limits.requests_per_minute:
+            if counts.get(keys["requests_per_minute"], 0) >= limits.requests_per_minute:
                 return "requests_per_minute"
             _add(keys["requests_per_minute"], 1, now + 2 * MINUTE_S)
         if lease:
