@@ -54,13 +54,20 @@ def _mapping(node: yaml.Node, path: str, keys: set[str]) -> dict[str, yaml.Node]
 def _scalar(node: yaml.Node, path: str) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise ConfigError("must be a single value.", line=_line(node), field=path)
-    return _construct(node)
+    return _construct(node, path)
 
 
-def _construct(node: yaml.ScalarNode) -> Any:
+def _construct(node: yaml.ScalarNode, path: str = "") -> Any:
+    """The node's value by YAML's safe rules; ``ConfigError`` naming its line and ``path``
+    when its tag cannot build it (``!!int 'abc'``, ``!!timestamp x``, an unsafe tag)."""
     loader = yaml.SafeLoader("")
     try:
         return loader.construct_object(node, deep=True)
+    except Exception as exc:  # yaml.YAMLError, ValueError, and AttributeError (!!timestamp x)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{node.tag} {node.value!r} is not a value: {why}", line=_line(node), field=path or None
+        ) from None
     finally:
         loader.dispose()
 

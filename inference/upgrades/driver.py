@@ -25,6 +25,7 @@ version at once.
 from __future__ import annotations
 
 import logging
+import os
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -98,8 +99,9 @@ def upgrades_tick() -> None:
     upgrades_sample()
 
 
-LEASE_S = 30.0  # a driver that dies mid-step holds its upgrade this long at most
-RENEW_S = 10.0  # a step under way renews the lease this often (a smoke chat takes longer)
+# a driver that dies mid-step holds its upgrade this long at most (tests shorten it)
+LEASE_S = float(os.environ.get("PHALANX_UPGRADE_LEASE_S", "30"))
+RENEW_S = LEASE_S / 3  # a step under way renews the lease this often (a smoke chat takes longer)
 
 
 def step(upgrade_id: int) -> Upgrade | None:

@@ -208,6 +208,18 @@ def test_it_uses_a_package_with_the_model_path(db):
         ("inference: [1, 2]\n", 1, "inference"),
         ("\n\nsurprise: 1\n", 3, "surprise"),
         ("pool:\n  nodes: {id: a}\n", 2, "pool.nodes"),
+        # a tag that cannot build its value (was a 500 from the API)
+        (
+            "quotas:\n  roles:\n    viewer: {priority: !!int 'abc'}\n",
+            3,
+            "quotas.roles.viewer.priority",
+        ),
+        ("inference:\n  max_batch: !!timestamp 'abc'\n", 2, "inference.max_batch"),
+        (
+            "pool:\n  health_check_interval_ms: !!python/object:os.system x\n",
+            2,
+            "pool.health_check_interval_ms",
+        ),
     ],
 )
 def test_it_names_line_and_field_of_each_error(text, line, field):

@@ -236,7 +236,9 @@ def upgrade_array(home: Path) -> Iterator[UpgradeArray]:
         setup = f"BROKEN = {BROKEN_TEMPLATE!r}\nNODES = {nodes!r}\n{SETUP}"
         daphne, token, extra = control_plane_at_home(home, setup=setup)
         procs["daphne"] = daphne
-        array = UpgradeArray(daphne.url, token, {**extra, "PHALANX_URL": daphne.url}, home, procs)
+        # a killed control loop's upgrade lease runs out in 9 s, not 30 (the resume test waits it)
+        env = {**extra, "PHALANX_URL": daphne.url, "PHALANX_UPGRADE_LEASE_S": "9"}
+        array = UpgradeArray(daphne.url, token, env, home, procs)
         array.packages = {p["key"]: p["id"] for p in array.api("GET", "/packages").json()}
         array.start_loop()
         array.wait_nodes(serving_and_measured, what="up and measured")
