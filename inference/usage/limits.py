@@ -174,8 +174,9 @@ def settle(admission: Admission | None, tokens: int) -> None:
     admission.settled = True
     limits = admission.caller.limits
     counted = tokens if (limits.tokens_per_minute or limits.tokens_per_day) else 0
-    if counted or admission.lease:
-        store().settle(keys(admission.caller.key, admission.windows), counted, admission.lease)
+    if counted or admission.lease:  # into the windows the turn ends in (its tokens are spent)
+        ended_in = Windows.at(clock())
+        store().settle(keys(admission.caller.key, ended_in), counted, admission.lease)
 
 
 def window_counts(caller_key: str, windows: Windows, now: float) -> dict[str, int]:
@@ -185,13 +186,17 @@ def window_counts(caller_key: str, windows: Windows, now: float) -> dict[str, in
 
 def cap_max_tokens(body: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """``body`` with the caller's ``max_tokens`` limit applied: the limit when it asks for
-    none; raises ``BadRequest`` (400, ``param`` max_tokens) when it asks for more."""
+    none; raises ``BadRequest`` (400, ``param`` the field) when it asks for more, in
+    ``max_tokens``, ``max_completion_tokens`` or llama-server's ``n_predict`` (which an
+    external node reads before ``max_tokens``; -1 there is no end, refused too)."""
     cap = limits.max_tokens
     if not cap or not settings.USAGE_ACCOUNTING:
         return body
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "n_predict"):
         asked = body.get(field)
-        if isinstance(asked, int) and asked > cap:
+        if field == "n_predict" and asked is not None and not isinstance(asked, int):
+            raise BadRequest(f"n_predict must be a whole number, not {asked!r}.", param=field)
+        if isinstance(asked, int) and (asked > cap or asked < 0):
             raise BadRequest(
                 f"{field} {asked} is over this token's limit of {cap} (max_tokens quota).",
                 param=field,

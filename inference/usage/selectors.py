@@ -108,6 +108,16 @@ def session_usage(*, session_id: str) -> dict[str, Any] | None:
     return {"session_id": session_id, **priced({n: row[n] or 0 for n in FIGURES}, pricing())}
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _text_cell(text: str) -> str:
+    """``text`` for a CSV cell that a spreadsheet shows as text: one starting like a formula
+    (``=``, ``+``, ``-``, ``@``, tab, CR; a token's name is free text) gets a ``'`` first
+    (OWASP, "CSV Injection")."""
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+
+
 def csv_rows(*, hours: float = 24.0) -> Iterator[list[Any]]:
     """The minute rows of the last ``hours`` as CSV rows, header first, priced."""
     price = pricing()
@@ -123,8 +133,8 @@ def csv_rows(*, hours: float = 24.0) -> Iterator[list[Any]]:
         "currency",
     ]
     yield from (
-        [row.minute.isoformat(), row.caller, row.caller_name, row.model, row.package]
-        + [row.node_id, *(getattr(row, n) for n in FIGURES)]
+        [row.minute.isoformat(), *map(_text_cell, (row.caller, row.caller_name, row.model))]
+        + [_text_cell(row.package), _text_cell(row.node_id), *(getattr(row, n) for n in FIGURES)]
         + [significant((row.prefill_s + row.decode_s) * price.per_node_second), price.currency]
         for row in _period(hours).order_by("minute", "caller")
     )

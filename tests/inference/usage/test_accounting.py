@@ -126,6 +126,10 @@ async def test_a_max_tokens_quota_refuses_more_and_caps_a_request_that_asks_none
     over = await _post(raw, max_tokens=17)
     assert over.status_code == 400
     assert json.loads(over.content)["error"]["param"] == "max_tokens"
+    for n_predict in (100_000, -1, "lots"):  # llama-server reads n_predict before max_tokens
+        around = await _post(raw, max_tokens=8, n_predict=n_predict)
+        assert around.status_code == 400, n_predict
+        assert json.loads(around.content)["error"]["param"] == "n_predict"
     assert (await _post(raw)).status_code == 200
     sent = [r["body"] for fake in counted.values() for r in fake.requests]
     assert [b["max_tokens"] for b in sent] == [16]

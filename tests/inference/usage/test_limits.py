@@ -111,3 +111,20 @@ def test_max_tokens_quota_caps_what_a_request_may_ask():
     with pytest.raises(BadRequest) as over:
         cap_max_tokens({"max_tokens": 65}, limits)
     assert over.value.param == "max_tokens" and "limit of 64" in over.value.message
+
+
+def test_a_turn_that_ends_in_the_next_minute_counts_its_tokens_there(monkeypatch):
+    """Tokens are spent when the turn ends: a stream admitted at :59.5 that ends at :00.5
+    counts in the new minute's window, which then refuses at its limit."""
+    from inference.usage import limits as usage_limits
+    from inference.usage.quotas import Caller
+
+    caller = Caller("token:9", "long-stream", "operator", Limits(tokens_per_minute=100))
+    monkeypatch.setattr(usage_limits, "clock", lambda: NOW + 59.5)
+    admission = usage_limits.admit(caller)
+    monkeypatch.setattr(usage_limits, "clock", lambda: NOW + 60.5)
+    usage_limits.settle(admission, 150)
+    ended_in = keys("token:9", Windows.at(NOW + 60.5))
+    assert usage_limits.store().counts(ended_in, NOW + 60.5)["tokens_per_minute"] == 150
+    with pytest.raises(usage_limits.OverLimit):
+        usage_limits.admit(caller)

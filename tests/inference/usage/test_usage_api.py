@@ -168,6 +168,18 @@ def test_the_csv_has_a_header_and_a_row_per_minute_caller_model_and_node(rows, g
     assert ops[-1] == "EUR"
 
 
+def test_a_callers_name_that_starts_like_a_formula_is_text_in_the_csv(rows, get):
+    """A token's name is free text: ``=HYPERLINK(...)`` must not run in a spreadsheet."""
+    UsageMinute.objects.filter(caller_name="ops").update(
+        caller_name='=HYPERLINK("http://evil","x")', node_id="@SUM(1+1)"
+    )
+    response = get("/usage.csv?hours=6")
+    table = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    ops = next(r for r in table if r[1] == "user:ops")
+    assert ops[2] == '\'=HYPERLINK("http://evil","x")' and ops[5] == "'@SUM(1+1)"
+    assert [r[2] for r in table[1:3]] == ["team-alpha", "team-alpha"]  # plain names untouched
+
+
 @pytest.mark.parametrize(
     ("query", "field", "words"),
     [
