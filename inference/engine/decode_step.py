@@ -37,6 +37,17 @@ class DecodeStep:
     _active: list[Request]
 
     def _step(self) -> None:
+        """One step, timed: its wall time and the part inside llama.cpp's calls (decode and
+        sampling) go to ``stats`` (``phalanx_node_step_*_seconds_total``; the rest is Python)."""
+        assert self.ctx is not None
+        began, in_llama = time.perf_counter(), self.ctx.llama_s
+        try:
+            self._run_step()
+        finally:
+            self.stats.step_seconds_total += time.perf_counter() - began
+            self.stats.step_llama_seconds_total += self.ctx.llama_s - in_llama
+
+    def _run_step(self) -> None:
         assert self.ctx is not None
         batch = self.ctx.batch
         batch.clear()

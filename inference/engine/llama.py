@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -343,6 +344,7 @@ class LlamaContext:
         self.settings = _settings_from_log(log)
         self.memory = C.llama_get_memory(self.ptr)
         self.batch = TokenBatch(shape.n_batch)
+        self.llama_s = 0.0  # seconds spent inside llama_decode and llama_sampler_sample
 
     def close(self) -> None:
         self.batch.close()
@@ -354,7 +356,9 @@ class LlamaContext:
         """Run the pending batch. Raises ``LlamaError`` when llama.cpp cannot place it."""
         if self.batch.size == 0:
             return
+        started = time.perf_counter()
         rc = C.llama_decode(self.ptr, self.batch.raw)
+        self.llama_s += time.perf_counter() - started
         if rc != 0:
             raise LlamaError(f"llama_decode failed with code {rc} for {self.batch.size} tokens")
 
@@ -405,7 +409,10 @@ class LlamaContext:
 
     def sample(self, sampler: C.llama_sampler_p, batch_index: int) -> int:
         """Sample (and accept) a token from the logits at ``batch_index`` of the last decode."""
-        return C.llama_sampler_sample(sampler, self.ptr, batch_index)
+        started = time.perf_counter()
+        token = C.llama_sampler_sample(sampler, self.ptr, batch_index)
+        self.llama_s += time.perf_counter() - started
+        return token
 
     def output_logits(self) -> np.ndarray:
         """The logits of the last decode, one row per token that the batch (as decoded, before

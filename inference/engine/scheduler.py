@@ -379,6 +379,8 @@ class Engine(DecodeStep):
             "cancelled_total": s.cancelled_total,
             "draft_tokens_total": s.draft_tokens_total,
             "draft_accepted_total": s.draft_accepted_total,
+            "step_seconds_total": s.step_seconds_total,
+            "step_llama_seconds_total": s.step_llama_seconds_total,
             "restores_skipped_total": table.restores_skipped if table else 0,
             "restores_failed_total": table.restores_failed if table else 0,
             "draft_step_cost": round(self.draft_step_cost, 3),

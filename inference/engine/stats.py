@@ -51,6 +51,8 @@ class EngineStats:
     cancelled_total: int = 0
     draft_tokens_total: int = 0
     draft_accepted_total: int = 0
+    step_seconds_total: float = 0.0  # decode steps' wall time
+    step_llama_seconds_total: float = 0.0  # of which inside llama.cpp (decode, sampling)
     prefill_rate: RateWindow = field(default_factory=RateWindow)
     decode_rate: RateWindow = field(default_factory=RateWindow)
     prefill_speed: SpeedMeter = field(default_factory=SpeedMeter)

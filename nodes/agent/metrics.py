@@ -74,6 +74,18 @@ _SERIES = [
         "counter",
         "Draft tokens the model confirmed (each saved a decode step).",
     ),
+    (
+        "step_seconds_total",
+        "phalanx_node_step_seconds_total",
+        "counter",
+        "Wall time of the engine's decode steps (prefill chunks included).",
+    ),
+    (
+        "step_llama_seconds_total",
+        "phalanx_node_step_llama_seconds_total",
+        "counter",
+        "Of the steps' time, the part inside llama.cpp (decode, sampling); the rest is Python.",
+    ),
     ("busy", "phalanx_node_busy", "gauge", "1 while any sequence is prefilling or decoding."),
     ("sequences_total", "phalanx_node_sequences_total", "gauge", "Configured KV sequences."),
     ("queue_depth", "phalanx_node_queue_depth", "gauge", "Requests waiting for a sequence."),

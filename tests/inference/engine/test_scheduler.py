@@ -299,3 +299,15 @@ def test_concurrent_requests_share_the_node_seconds_of_the_steps_they_shared(
         assert t["decode_node_ms"] <= t["total_ms"] - t["ttft_ms"] + 0.5
     shared = sum(f.timings["prefill_node_ms"] + f.timings["decode_node_ms"] for f in done)
     assert shared <= span_ms
+
+
+def test_a_steps_time_splits_into_llama_cpp_and_the_rest(driver):
+    """The Python share of a decode step: what /metrics gives (step seconds, and of those the
+    seconds inside llama.cpp's decode and sampling)."""
+    before = driver.engine.snapshot()
+    driver.chat(user("Write a short poem about rivers."), max_tokens=16)
+    after = driver.engine.snapshot()
+    step = after["step_seconds_total"] - before["step_seconds_total"]
+    in_llama = after["step_llama_seconds_total"] - before["step_llama_seconds_total"]
+    assert 0 < in_llama < step
+    assert in_llama / step > 0.5  # a 135M model's step is mostly matrix work, not Python
