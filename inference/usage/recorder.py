@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -110,8 +111,13 @@ def write(turns: list[Turn]) -> None:
     names = {t.caller: t.caller_name[:120] for t in turns}
     with transaction.atomic():
         UsageTurn.objects.bulk_create([t.row() for t in turns])
-        for key, figures in summed(turns).items():
+        # keys in one order in every process: two replicas' writes never wait on each other's
+        # rows in opposite orders (a deadlock on PostgreSQL, which fails one of them)
+        for key, figures in sorted(summed(turns).items(), key=lambda item: item[0]):
             _add_minute(key, figures, names[key[1]])
+
+
+WRITE_TRIES = 3  # a write that fails (a lost connection, a lock timeout) is tried again
 
 
 class Recorder:
@@ -142,11 +148,16 @@ class Recorder:
             turns, self._pending, self._scheduled = self._pending, [], False
         if not turns:
             return
-        try:
-            write(turns)
-        except Exception:
-            log.exception("could not write the usage of %d turns", len(turns))
-            connection.close()  # a broken connection is opened afresh for the next write
+        for attempt in range(1, WRITE_TRIES + 1):
+            try:
+                write(turns)
+                return
+            except Exception:
+                connection.close()  # a broken connection is opened afresh for the next try
+                if attempt == WRITE_TRIES:
+                    log.exception("could not write the usage of %d turns", len(turns))
+                    return
+                time.sleep(0.1 * attempt)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Write what is queued now and wait for it (tests, exit)."""

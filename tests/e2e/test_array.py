@@ -24,6 +24,7 @@ from tests.support.processes import (
     bundled_model_path,
     control_plane_at_home,
     free_port,
+    free_port_block,
     spawn,
     wait_healthy,
 )
@@ -40,7 +41,8 @@ def array(tmp_path_factory):
     (home / "models").mkdir()
     model = bundled_model_path()
     (home / "models" / model.name).symlink_to(model)
-    port, node_port = free_port(), free_port()
+    port = free_port()
+    node_port = free_port_block(2, avoid=(port,))  # the nodes take node_port and the next
     env = {
         "PHALANX_HOME": str(home),
         "PHALANX_API_TOKEN": TOKEN,

@@ -22,6 +22,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def free_port_block(count: int, host: str = "127.0.0.1", *, avoid: tuple[int, ...] = ()) -> int:
+    """The first of ``count`` consecutive ports free on ``host`` now (``up --node-port``
+    takes the ports after it), none of them in ``avoid``."""
+    for _ in range(200):
+        base = free_port(host)
+        ports = range(base, base + count)
+        if any(p in avoid or p > 65535 for p in ports):
+            continue
+        socks = []
+        try:
+            for port in ports:
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
 def bundled_model_path() -> Path:
     from inference.bundled import ensure_bundled_model
 
