@@ -185,25 +185,26 @@ def _node_is_down(node_id: str) -> bool:
 
 
 async def _open_first(
-    address: str,
+    target: services.RouteTarget,
     *,
-    node_id: str,
-    body: dict[str, Any],
+    payload: dict[str, Any],
+    model: str,
     session_id: str | None,
     policy: RoutingPolicy,
-    answer_as: tuple[str, str] | None = None,
     request_id: str | None = None,
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
-    """Send the request and read up to the first body bytes (or the whole body of a 5xx, a 429,
-    a 401 or a 403, returned with no iterator: ``node_refusals.refused`` judges those)."""
+    """Send ``payload`` to ``target`` (its model named as the node knows it; the answer
+    reports ``model`` and the package) and read up to the first body bytes (or the whole body
+    of a 5xx, a 429, a 401 or a 403, returned with no iterator: ``node_refusals.refused``
+    judges those)."""
     response = await node_client.chat_open(
-        address,
-        node_id=node_id,
-        payload=body,
+        target.address,
+        node_id=target.node_id,
+        payload={**payload, "model": target.model},
         session_id=session_id,
         connect_timeout=policy.connect_timeout_s,
         read_timeout=policy.request_timeout_s,
-        answer_as=answer_as,
+        answer_as=(model, target.package) if target.package else None,
         request_id=request_id,
     )
     try:
@@ -219,13 +220,14 @@ async def _open_first(
 
 
 async def _watched(
-    node_id: str, opening: Any, *, check_every_s: float, deadline: FirstByteDeadline | None
+    node_id: str, opening: Any, *, policy: RoutingPolicy, deadline: FirstByteDeadline | None
 ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
-    """Await ``opening`` (``_open_first``), checking every ``check_every_s`` seconds whether
-    the control loop marked the node down meanwhile (a stopped process accepts connections but
+    """Await ``opening`` (``_open_first``), checking every half health-check interval (at
+    least 0.2 s) whether the control loop marked the node down meanwhile (a stopped process accepts connections but
     never answers); then raises ``NodeWentDown``. Past ``deadline`` (None: none) raises
     ``FirstByteLate``. Cancelling closes the node's response."""
     task = asyncio.ensure_future(opening)
+    check_every_s = max(0.2, policy.health_interval_s / 2)
     give_up_at = time.monotonic() + deadline.seconds if deadline else float("inf")
     try:
         while True:
@@ -273,9 +275,9 @@ async def upstream_open(
     ``continuing``: the body goes on with an answer another node cut (``inference.migration``:
     Phalanx nodes only); ``request_id`` goes to the node (``X-Request-Id``); ``ticket``
     (``usage.turns.Ticket``) counts the turn against its caller. Tries at most
-    ``policy.max_attempts`` nodes, ``retry_backoff_ms`` apart (doubling, at most 1 s). A node's 4xx is returned as is (the caller passes it on);
-    connection failures, timeouts, overload (503, 429) and a node marked down while we wait
-    move to the next node. A 503 (queue full) from the node a session is pinned to is passed
+    ``policy.max_attempts`` nodes (``_back_off`` between). A node's 4xx is returned as is (the
+    caller passes it on); connection failures, timeouts, overload (503, 429) and a node marked
+    down while we wait move to the next node. A 503 (queue full) from the node a session is pinned to is passed
     on as 503 with Retry-After instead: the session keeps its KV and its node. Any other 5xx
     raises ``UpstreamError`` (502 ``node_error``) without a retry (``node_refusals.refused``).
     Raises ``ArrayFull`` (429) when this process holds ``max_inflight`` requests or every node
@@ -289,10 +291,7 @@ async def upstream_open(
     exclude = _kept_out(avoid, session_id)
     for attempt in range(policy.max_attempts):
         if attempt:
-            metric_inc(PROXY_RETRIES)
-            await asyncio.sleep(
-                min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1))
-            )
+            await _back_off(attempt, policy)
         target, held = await _route_avoiding(
             session_id=session_id,
             model=model,
@@ -315,11 +314,22 @@ async def upstream_open(
         )
         if upstream is not None:
             return upstream
+    raise _none_could(exclude, policy)
+
+
+def _none_could(exclude: dict[str, str], policy: RoutingPolicy) -> NoHealthyNode:
+    """The 503 when every node tried refused or failed, naming each with why."""
     tried = "; ".join(f"{node} {why}" for node, why in exclude.items())
-    raise NoHealthyNode(
+    return NoHealthyNode(
         f"No node could take the request ({tried}).",
         retry_after=max(1, round(policy.health_interval_s)),
     )
+
+
+async def _back_off(attempt: int, policy: RoutingPolicy) -> None:
+    """Wait before try ``attempt`` (1, 2, ...): ``retry_backoff_ms``, doubling, at most 1 s."""
+    metric_inc(PROXY_RETRIES)
+    await asyncio.sleep(min(MAX_BACKOFF_S, policy.retry_backoff_ms / 1000 * 2 ** (attempt - 1)))
 
 
 def _let_go(node_id: str, held: Any) -> None:
@@ -362,18 +372,16 @@ async def _attempt(
     logs.bind(node_id=target.node_id, package=target.package)
     inflight.acquire(target.node_id)
     opening = _open_first(
-        target.address,
-        node_id=target.node_id,
-        body={**payload, "model": target.model},
+        target,
+        payload=payload,
+        model=model,
         session_id=session_id,
         policy=policy,
-        answer_as=(model, target.package) if target.package else None,
         request_id=request_id,
     )
-    check_every_s = max(0.2, policy.health_interval_s / 2)
     try:
         response, rest, first = await _watched(
-            target.node_id, opening, check_every_s=check_every_s, deadline=deadline
+            target.node_id, opening, policy=policy, deadline=deadline
         )
     except BaseException as exc:
         _let_go(target.node_id, held)
