@@ -92,6 +92,45 @@ async def stream_chat(
     return StreamResult(ttft, total, tokens, "".join(parts), usage, timings)
 
 
+async def alternating_streams(
+    targets: dict[str, tuple[str, dict[str, str]]], body: dict, requests: int
+) -> dict[str, dict]:
+    """Stream ``body`` to each target (``name: (url, headers)``) in turn, ``requests`` times
+    each after two warm-up rounds, the order reversed every other round (drift hits all alike),
+    each with a fresh session key. Per target: TTFT P50 / P95 (ms) to the first content token
+    and decode tokens/s P50 over the tokens after it."""
+    data: dict[str, dict[str, list[float]]] = {m: {"ttft": [], "tps": []} for m in targets}
+    order = list(targets)
+    async with httpx.AsyncClient(timeout=120) as client:
+        for i in range(requests + 2):
+            for mode in order if i % 2 else order[::-1]:
+                url, headers = targets[mode]
+                session = {"X-Session-Id": f"{mode}-{i}-{time.time_ns()}"}
+                result = await stream_chat(client, url, body, headers={**headers, **session})
+                if i < 2 or result.tokens < 2:
+                    continue
+                data[mode]["ttft"].append(result.ttft_s * 1000)
+                decode_s = max(1e-9, result.total_s - result.ttft_s)
+                data[mode]["tps"].append((result.tokens - 1) / decode_s)
+    return {
+        mode: {
+            "ttft_p50_ms": round(percentile(d["ttft"], 50), 2),
+            "ttft_p95_ms": round(percentile(d["ttft"], 95), 2),
+            "decode_tokens_per_s_p50": round(percentile(d["tps"], 50), 1),
+            "requests": len(d["ttft"]),
+        }
+        for mode, d in data.items()
+    }
+
+
+def added_and_ratio(summary: dict[str, dict], base: str, other: str) -> tuple[float, float]:
+    """``other``'s TTFT P50 minus ``base``'s (ms) and ``other``'s decode tokens/s P50 over
+    ``base``'s, from ``alternating_streams``' summary."""
+    added = summary[other]["ttft_p50_ms"] - summary[base]["ttft_p50_ms"]
+    tps = summary[base]["decode_tokens_per_s_p50"]
+    return added, summary[other]["decode_tokens_per_s_p50"] / max(1e-9, tps)
+
+
 def start_llama_cpp_server(log_dir: Path, *, threads: int, n_ctx: int) -> Proc:
     """llama-cpp-python's own OpenAI server with the bundled model (the peer)."""
     port = free_port()

@@ -15,20 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 from control_plane import ControlPlane
-from harness import Proc, emit, percentile, start_node, stream_chat
+from harness import Proc, added_and_ratio, alternating_streams, emit, start_node
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm, in plain prose."
 
 
-async def measure(node: Proc, plane: ControlPlane, requests: int, max_tokens: int) -> dict:
-    data: dict[str, dict[str, list[float]]] = {
-        m: {"ttft": [], "tps": []} for m in ("direct", "proxied")
-    }
+def measure(node: Proc, plane: ControlPlane, requests: int, max_tokens: int) -> dict:
     body = {
         "model": "smollm2-135m-instruct-q4_1",
         "messages": [{"role": "user", "content": PROMPT}],
@@ -36,33 +31,8 @@ async def measure(node: Proc, plane: ControlPlane, requests: int, max_tokens: in
         "temperature": 0,
         "seed": 1,
     }
-    async with httpx.AsyncClient(timeout=120) as client:
-        for i in range(requests + 2):  # two warm-up rounds
-            for mode in ("direct", "proxied") if i % 2 else ("proxied", "direct"):
-                url, headers = (
-                    (node.url, node.headers) if mode == "direct" else (plane.url, plane.headers)
-                )
-                result = await stream_chat(
-                    client,
-                    url,
-                    body,
-                    headers={**headers, "X-Session-Id": f"{mode}-{i}-{time.time_ns()}"},
-                )
-                if i < 2 or result.tokens < 2:
-                    continue
-                data[mode]["ttft"].append(result.ttft_s * 1000)
-                data[mode]["tps"].append(
-                    (result.tokens - 1) / max(1e-9, result.total_s - result.ttft_s)
-                )
-    summary = {}
-    for mode, d in data.items():
-        summary[mode] = {
-            "ttft_p50_ms": round(percentile(d["ttft"], 50), 2),
-            "ttft_p95_ms": round(percentile(d["ttft"], 95), 2),
-            "decode_tokens_per_s_p50": round(percentile(d["tps"], 50), 1),
-            "requests": len(d["ttft"]),
-        }
-    return summary
+    targets = {"direct": (node.url, node.headers), "proxied": (plane.url, plane.headers)}
+    return asyncio.run(alternating_streams(targets, body, requests))
 
 
 def main() -> None:
@@ -79,15 +49,12 @@ def main() -> None:
             log_dir,
             policy={"health_interval_s": 2.0, "canary_idle_s": 0},
         )
-        result = asyncio.run(measure(node, plane, requests, max_tokens))
+        result = measure(node, plane, requests, max_tokens)
     finally:
         if plane is not None:
             plane.stop()
         node.stop()
-    added = result["proxied"]["ttft_p50_ms"] - result["direct"]["ttft_p50_ms"]
-    ratio = result["proxied"]["decode_tokens_per_s_p50"] / max(
-        1e-9, result["direct"]["decode_tokens_per_s_p50"]
-    )
+    added, ratio = added_and_ratio(result, "direct", "proxied")
     print(
         f"TTFT P50 direct {result['direct']['ttft_p50_ms']} ms, proxied {result['proxied']['ttft_p50_ms']} ms "
         f"(+{added:.2f} ms); decode ratio {ratio:.3f}"

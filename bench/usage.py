@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 from control_plane import ControlPlane
-from harness import Proc, emit, percentile, start_node, stream_chat
+from harness import Proc, added_and_ratio, alternating_streams, emit, start_node
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm, in plain prose."
 MODEL = "smollm2-135m-instruct-q4_1"
@@ -77,9 +77,8 @@ def quotas(plane: ControlPlane, high: dict) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-async def alternate(planes: dict[str, ControlPlane], requests: int, max_tokens: int) -> dict:
+def alternate(planes: dict[str, ControlPlane], requests: int, max_tokens: int) -> dict:
     """TTFT and decode tokens/s through each plane, requests alternating between them."""
-    data: dict[str, dict[str, list[float]]] = {m: {"ttft": [], "tps": []} for m in planes}
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -87,28 +86,8 @@ async def alternate(planes: dict[str, ControlPlane], requests: int, max_tokens: 
         "temperature": 0,
         "seed": 1,
     }
-    order = list(planes)
-    async with httpx.AsyncClient(timeout=120) as client:
-        for i in range(requests + 2):  # two warm-up rounds
-            for mode in order if i % 2 else order[::-1]:
-                plane = planes[mode]
-                headers = {**plane.headers, "X-Session-Id": f"{mode}-{i}-{time.time_ns()}"}
-                result = await stream_chat(client, plane.url, body, headers=headers)
-                if i < 2 or result.tokens < 2:
-                    continue
-                data[mode]["ttft"].append(result.ttft_s * 1000)
-                data[mode]["tps"].append(
-                    (result.tokens - 1) / max(1e-9, result.total_s - result.ttft_s)
-                )
-    return {
-        mode: {
-            "ttft_p50_ms": round(percentile(d["ttft"], 50), 2),
-            "ttft_p95_ms": round(percentile(d["ttft"], 95), 2),
-            "decode_tokens_per_s_p50": round(percentile(d["tps"], 50), 1),
-            "requests": len(d["ttft"]),
-        }
-        for mode, d in data.items()
-    }
+    targets = {mode: (plane.url, plane.headers) for mode, plane in planes.items()}
+    return asyncio.run(alternating_streams(targets, body, requests))
 
 
 async def burst(plane: ControlPlane, raw: str) -> dict:
@@ -177,7 +156,7 @@ def main() -> None:
             plane_dir.mkdir()
             planes[mode] = ControlPlane(_nodes(node), plane_dir, policy=policy, env=env)
         raw = quotas(planes["on"], {"priority": 5} if args.no_limits else HIGH)
-        result = asyncio.run(alternate(planes, requests, max_tokens))
+        result = alternate(planes, requests, max_tokens)
         limited = asyncio.run(burst(planes["on"], raw))
     finally:
         for plane in planes.values():
@@ -191,10 +170,7 @@ def _nodes(node: Proc) -> dict[str, str]:
 
 
 def _report(result: dict, limited: dict, args: argparse.Namespace) -> None:
-    added = result["on"]["ttft_p50_ms"] - result["off"]["ttft_p50_ms"]
-    ratio = result["on"]["decode_tokens_per_s_p50"] / max(
-        1e-9, result["off"]["decode_tokens_per_s_p50"]
-    )
+    added, ratio = added_and_ratio(result, "off", "on")
     print(
         f"TTFT P50 accounting off {result['off']['ttft_p50_ms']} ms, on "
         f"{result['on']['ttft_p50_ms']} ms (+{added:.2f} ms); decode ratio {ratio:.3f}; "

@@ -405,6 +405,16 @@ async def test_a_busy_pinned_node_answers_node_busy_without_moving_the_session(f
     assert len(fakes[other].requests) == 0
 
 
+async def _hold_the_only_slot(fakes, auth):
+    """``max_inflight`` 1, taken by a stream that stays open (200 slow tokens); returns it."""
+    await sync_to_async(policy_update)(changes={"max_inflight": 1})
+    for fake in fakes.values():
+        fake.tokens, fake.token_delay = ["x"] * 200, 0.02
+    held = await post(AsyncClient(), body(stream=True), auth)
+    assert held.status_code == 200
+    return held
+
+
 async def test_a_full_array_answers_429_with_retry_after_over_http_and_websocket(
     fakes, auth, token
 ):
@@ -412,11 +422,7 @@ async def test_a_full_array_answers_429_with_retry_after_over_http_and_websocket
 
     from console.asgi import application
 
-    await sync_to_async(policy_update)(changes={"max_inflight": 1})
-    for fake in fakes.values():
-        fake.tokens, fake.token_delay = ["x"] * 200, 0.02  # a stream that stays open
-    held = await post(AsyncClient(), body(stream=True), auth)
-    assert held.status_code == 200
+    held = await _hold_the_only_slot(fakes, auth)
     full = await post(AsyncClient(), body(), auth)
     assert full.status_code == 429 and int(full["Retry-After"]) >= 1
     assert error_of(full)["code"] == "array_full"
@@ -449,11 +455,7 @@ async def test_a_stream_dropped_before_its_first_byte_gives_its_slot_back(fakes,
     max_inflight and the usage lease must go back."""
     import gc
 
-    await sync_to_async(policy_update)(changes={"max_inflight": 1})
-    for fake in fakes.values():
-        fake.tokens, fake.token_delay = ["x"] * 200, 0.02  # a stream that stays open
-    held = await post(AsyncClient(), body(stream=True), auth)
-    assert held.status_code == 200
+    held = await _hold_the_only_slot(fakes, auth)
     refused = await post(AsyncClient(), body(), auth)
     assert refused.status_code == 429
     del held
