@@ -4,7 +4,8 @@ The peer is the machine itself: decode of one sequence must read every weight on
 so its ceiling (the roofline) is the memory bandwidth measured here (``memory_bandwidth_gb_s``,
 the figure device validation records: STREAM Copy's count, one core) over the model's weight
 bytes (the GGUF file's size: weights plus a little metadata and vocabulary). An engine with the
-bundled model (SmolLM2-135M-Instruct Q4_1), the node's defaults but 2 threads, is measured:
+bundled model (SmolLM2-135M-Instruct Q4_1; ``--quantization Q4_0``: that type built from it,
+what the embedded array serves on AVX2), the node's defaults but 2 threads, is measured:
 
 - ``roofline_fraction_1``: single-stream decode tokens/s (the engine's own ``decode_tokens_per_s``
   of a 128-token answer to a ~60-token prompt, median of ``--rounds``) over the roofline
@@ -18,7 +19,7 @@ bundled model (SmolLM2-135M-Instruct Q4_1), the node's defaults but 2 threads, i
 - ``python_share``: of the engine's decode-step time over the whole run, the part outside
   llama.cpp's calls (``phalanx_node_step_*_seconds_total``).
 
-    python bench/engine_limit.py [--quick]
+    python bench/engine_limit.py [--quick] [--quantization Q4_0] [--repeatable]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import queue
 import statistics
 import time
 
-from harness import bundled_model_path, emit
+from harness import emit, model_file
 
 from inference.engine.config import EngineConfig
 from inference.engine.prompt import ChatFormatter
@@ -45,9 +46,11 @@ FILLER = (
 )
 
 
-def start_engine() -> Engine:
+def start_engine(path: str, *, repeatable: bool) -> Engine:
     engine = Engine(
-        EngineConfig(model_path=str(bundled_model_path()), sequences=8, ctx_per_seq=2048, threads=2)
+        EngineConfig(
+            model_path=path, sequences=8, ctx_per_seq=2048, threads=2, repeatable=repeatable
+        )
     )
     engine.start()
     if not engine.ready.wait(180):
@@ -114,12 +117,24 @@ def measure(engine: Engine, rounds: int, max_tokens: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="2 rounds of 64 tokens")
+    parser.add_argument(
+        "--quantization",
+        default="Q4_1",
+        help="the bundled Q4_1, or another type built from it (Q4_0: what the embedded array "
+        "serves on AVX2; harness.model_file)",
+    )
+    parser.add_argument(
+        "--repeatable",
+        action="store_true",
+        help="the engine as runnode --repeatable starts it (flash attention on): what it costs",
+    )
     args = parser.parse_args()
     rounds, max_tokens = (2, 64) if args.quick else (5, 128)
-    weights = os.path.getsize(bundled_model_path())
+    path = model_file(args.quantization)
+    weights = os.path.getsize(path)
     bandwidth = memory_bandwidth_gb_s()
     roofline = bandwidth * 1e9 / weights  # tokens/s when a token costs one read of the weights
-    engine = start_engine()
+    engine = start_engine(str(path), repeatable=args.repeatable)
     try:
         run(engine, [engine.model.tokenize("Warm up.")], 8)
         figures = measure(engine, rounds, max_tokens)
@@ -131,6 +146,9 @@ def main() -> None:
     result = {
         "bench": "engine_limit",
         "quick": args.quick,
+        "quantization": args.quantization.upper(),
+        "repeatable": args.repeatable,
+        "flash_attn": snapshot["kv_settings"]["flash_attn"],
         "weights_bytes": weights,
         "bandwidth_gb_s": bandwidth,
         "roofline_tokens_per_s": round(roofline, 1),

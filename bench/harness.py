@@ -35,12 +35,31 @@ from tests.support.processes import (  # noqa: E402
 __all__ = [
     "Proc",
     "bundled_model_path",
+    "model_file",
     "free_port",
     "spawn",
     "start_control_plane",
     "start_node",
     "wait_healthy",
 ]
+
+
+def model_file(quantization: str | None = None) -> Path:
+    """The bundled GGUF (SmolLM2-135M-Instruct Q4_1), or, given a ``quantization`` (a key of
+    ``QUANT_LADDER``, e.g. ``Q4_0``: the type the embedded array serves where it is the
+    fastest), that type built from it as the package pipeline builds it (``f16`` method),
+    once, under ``~/.cache/phalanx-bench/``."""
+    bundled = bundled_model_path()
+    if not quantization or quantization.upper() == "Q4_1":
+        return bundled
+    from inference.packages.build import build_quantized
+
+    cache = Path.home() / ".cache" / "phalanx-bench"
+    out = cache / f"{bundled.stem}-{quantization.upper()}.gguf"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        build_quantized(bundled, out, quantization.upper(), workdir=cache, threads=2)
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:

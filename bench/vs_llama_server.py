@@ -11,8 +11,10 @@ is committed. Both servers run for the whole benchmark:
 
 Workloads, each run on both sides, the first side alternating from one workload to the next:
 
-* plain streams: 1, 8 and 16 concurrent requests, each its own prompt, greedy, 64 tokens;
-  aggregate completion tokens per second;
+* plain streams: ``--streams`` concurrent requests (default 1, 8 and 16; issue 34 asks for
+  1,4,8,16,32), each its own prompt, greedy, 64 tokens; aggregate completion tokens per second
+  and TTFT P95, ``--rounds`` times (default 3) with other prompts each round, the first side
+  alternating; the median of the rounds is reported, with the spread of the per-round ratios;
 * agent sessions: a ~530-token system prompt listing tools, each turn adds a user message
   (~55 tokens) or a tool result (~95 tokens) and generates up to 40 tokens (greedy),
   ``X-Session-Id`` set, streamed. 8 sessions x 10 turns, and 24 sessions x 6 turns, 8 turns in
@@ -29,9 +31,13 @@ faster per token.
 
 Prints each figure side by side, then one JSON line with ``ratio_8`` and ``ratio_24`` (Phalanx's
 mean turn over llama-server's; goals <= 0.8 and <= 0.6), ``per_token_ratio`` (the same for the
-per-token figures) and ``tps_ratio`` per stream count (goal >= 1.1 at 8 and 16).
+per-token figures), ``tps_ratio`` per stream count (goal >= 1.1 at 16 and 32, issue 34) and
+``streams`` (per level: both sides' tok/s and TTFT P95, the spread). ``--quantization Q4_0``
+runs both sides on that type built from the bundled file (what the embedded array serves on
+AVX2: docs/packages.md, "The serving type").
 
-    python bench/vs_llama_server.py [--quick] [--build-only]
+    python bench/vs_llama_server.py [--quick] [--build-only] [--streams 1,4,8,16,32]
+        [--rounds 3] [--quantization Q4_0] [--only streams]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -53,9 +60,9 @@ from pathlib import Path
 
 import httpx
 from harness import (
-    bundled_model_path,
     emit,
     free_port,
+    model_file,
     percentile,
     spawn,
     start_node,
@@ -126,7 +133,7 @@ def ensure_llama_server(cache: Path) -> Path:
 def start_llama_server(binary: Path, log_dir: Path, args) -> object:
     port = free_port()
     proc = spawn(
-        [str(binary), "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(port)]
+        [str(binary), "-m", str(args.model), "--host", "127.0.0.1", "--port", str(port)]
         + ["-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.sequences)]
         + ["-c", str(args.sequences * args.ctx_per_seq), "--no-webui"],
         log_dir / "llama-server.log",
@@ -246,7 +253,13 @@ async def plain_streams(url: str, headers: dict, tag: str, streams: int, max_tok
         results = await asyncio.gather(*(one(client, i) for i in range(streams)))
         wall = time.perf_counter() - began
     tokens = sum((r.usage or {}).get("completion_tokens", r.tokens) for r in results)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+    ttfts = [r.ttft_s for r in results if r.tokens]
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_p95_s": percentile(ttfts, 95),
+    }
 
 
 def agent_figures(out: dict) -> dict:
@@ -311,36 +324,56 @@ def parse_args() -> argparse.Namespace:
         "--only", default="", help="comma-separated workloads: streams,agents8,agents24"
     )
     parser.add_argument("--node-args", default="", help="extra runnode options, space-separated")
-    return parser.parse_args()
+    parser.add_argument(
+        "--streams",
+        default="1,8,16",
+        help="comma-separated plain-stream concurrencies (issue 34: 1,4,8,16,32)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of each stream level, first side alternating"
+    )
+    parser.add_argument(
+        "--quantization",
+        default="Q4_1",
+        help="the bundled Q4_1 or another type built from it (harness.model_file), both sides",
+    )
+    args = parser.parse_args()
+    args.streams = [int(n) for n in args.streams.split(",") if n.strip()]
+    args.model = model_file(args.quantization)
+    return args
 
 
 def workload_list(args: argparse.Namespace) -> list[tuple[str, object]]:
     """``(kind, size)`` in the order run: stream counts, then (sessions, turns) of agents."""
     turns8, turns24 = (4, 3) if args.quick else (10, 6)
-    workloads: list[tuple[str, object]] = [("streams", n) for n in (1, 8, 16)]
+    workloads: list[tuple[str, object]] = [("streams", n) for n in args.streams]
     workloads += [("agents8", (8, turns8)), ("agents24", (24, turns24))]
     if args.only:
         workloads = [w for w in workloads if w[0] in args.only.split(",")]
     return workloads
 
 
-def run_workloads(servers: dict, sides: list[str], workloads: list, seed: int) -> dict:
+def run_workloads(servers: dict, sides: list[str], workloads: list, seed: int, rounds: int) -> dict:
     """Each workload on both servers (``{side: (url, headers)}``), the first side alternating
-    from one workload to the next; ``{side: {figure name: figures}}``."""
+    from one run to the next; plain streams ``rounds`` times each (their figures are lists, one
+    per round, other prompts each round). ``{side: {figure name: figures}}``."""
     results: dict[str, dict] = {side: {} for side in sides}
-    for i, (kind, size) in enumerate(workloads):
-        for side in sides if i % 2 == 0 else sides[::-1]:
-            url, headers = servers[side]
-            tag = f"{kind}-{size}-{seed}"  # the same prompts on both sides
-            if kind == "streams":
-                got = asyncio.run(plain_streams(url, headers, tag, size, 64))
-                figures = {k: round(v, 2) for k, v in got.items()}
-                results[side][f"streams_{size}"] = figures
-            else:
-                sessions, turns = size
-                got = asyncio.run(agent_sessions(url, headers, tag, sessions, turns, 8))
-                figures = results[side][kind] = agent_figures(got)
-            print(side, kind, size, json.dumps(figures), flush=True)
+    turn = 0
+    for kind, size in workloads:
+        for r in range(rounds if kind == "streams" else 1):
+            for side in sides if turn % 2 == 0 else sides[::-1]:
+                url, headers = servers[side]
+                tag = f"{kind}-{size}-{seed}-{r}"  # the same prompts on both sides
+                if kind == "streams":
+                    got = asyncio.run(plain_streams(url, headers, tag, size, 64))
+                    figures = {k: round(v, 3) for k, v in got.items()}
+                    results[side].setdefault(f"streams_{size}", []).append(figures)
+                else:
+                    sessions, turns = size
+                    got = asyncio.run(agent_sessions(url, headers, tag, sessions, turns, 8))
+                    figures = results[side][kind] = agent_figures(got)
+                print(side, kind, size, r, json.dumps(figures), flush=True)
+            turn += 1
     return results
 
 
@@ -361,11 +394,12 @@ def main() -> None:
         log_dir,
         threads=args.threads,
         extra_args=["--sequences", str(args.sequences), "--ctx-per-seq", str(args.ctx_per_seq)]
+        + ["--model", str(args.model)]
         + args.node_args.split(),
     )
     try:
         servers = {"llama-server": (theirs.url, {}), "phalanx": (ours.url, ours.headers)}
-        results = run_workloads(servers, sides, workload_list(args), seed)
+        results = run_workloads(servers, sides, workload_list(args), seed, args.rounds)
         node = node_metrics(ours.url, ours.headers)
     finally:
         ours.stop()
@@ -389,16 +423,45 @@ def print_side_by_side(label: str, theirs, ours) -> None:
 PER_TOKEN = ("ttft_ms_per_prefilled_token", "ms_per_generated_token")
 
 
+def stream_levels(ours: dict, theirs: dict, levels: list[int]) -> dict:
+    """Per stream level: both sides' median aggregate tok/s and TTFT P95 over the rounds, the
+    ratio of the medians, and the spread of the per-round ratios."""
+    out = {}
+    for n in levels:
+        key = f"streams_{n}"
+        if key not in ours:
+            continue
+        mine, peer = ours[key], theirs[key]
+        per_round = [
+            ratio_of(a["tokens_per_s"], b["tokens_per_s"]) for a, b in zip(mine, peer, strict=True)
+        ]
+        out[n] = {
+            "phalanx_tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine),
+            "llama_server_tokens_per_s": statistics.median(r["tokens_per_s"] for r in peer),
+            "phalanx_ttft_p95_s": statistics.median(r["ttft_p95_s"] for r in mine),
+            "llama_server_ttft_p95_s": statistics.median(r["ttft_p95_s"] for r in peer),
+            "ratio_spread": [min(per_round), max(per_round)],
+        }
+        out[n]["tps_ratio"] = ratio_of(
+            out[n]["phalanx_tokens_per_s"], out[n]["llama_server_tokens_per_s"]
+        )
+        out[n]["ttft_p95_ratio"] = ratio_of(
+            out[n]["phalanx_ttft_p95_s"], out[n]["llama_server_ttft_p95_s"]
+        )
+    return out
+
+
 def report(results: dict, node: dict, args, seed: int) -> None:
     ours, theirs = results["phalanx"], results["llama-server"]
     print(f"\n{'figure':40s} {'llama-server':>14s} {'phalanx':>14s} {'ratio':>8s}")
-    tps_ratio = {}
-    for n in (1, 8, 16):
-        key = f"streams_{n}"
-        if key in ours:
-            a, b = theirs[key]["tokens_per_s"], ours[key]["tokens_per_s"]
-            tps_ratio[n] = ratio_of(b, a)
-            print_side_by_side(f"{n} plain streams, tok/s", a, b)
+    levels = stream_levels(ours, theirs, args.streams)
+    for n, level in levels.items():
+        a, b = level["llama_server_tokens_per_s"], level["phalanx_tokens_per_s"]
+        print_side_by_side(f"{n} plain streams, tok/s (median)", round(a, 1), round(b, 1))
+        a, b = level["llama_server_ttft_p95_s"], level["phalanx_ttft_p95_s"]
+        print_side_by_side(f"{n} plain streams, TTFT P95 s", round(a, 3), round(b, 3))
+        print(f"{'':40s} ratio per round {level['ratio_spread']}")
+    tps_ratio = {n: level["tps_ratio"] for n, level in levels.items()}
     ratios, per_token = {}, {}
     for kind in ("agents8", "agents24"):
         if kind not in ours:
@@ -418,10 +481,13 @@ def report(results: dict, node: dict, args, seed: int) -> None:
             "threads": args.threads,
             "sequences": args.sequences,
             "ctx_per_seq": args.ctx_per_seq,
+            "quantization": args.quantization.upper(),
+            "rounds": args.rounds,
             "ratio_8": ratios.get("agents8"),
             "ratio_24": ratios.get("agents24"),
             "per_token_ratio": per_token,
             "tps_ratio": tps_ratio,
+            "streams": levels,
             "results": results,
             "node": node,
         }

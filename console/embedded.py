@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import signal
@@ -24,9 +23,11 @@ from django.utils import timezone
 
 from console.lib.access import Role
 from console.lib.log_shipping import ENV_LOGS_URL
+from console.lib.processes import die_with_parent
 from inference.bundled import SMOLLM2_135M, ensure_bundled_model
 from inference.models import ModelPackage
 from inference.packages.services import package_import_file
+from inference.packages.serving_default import serving_default_start
 from inference.semcache.package import embedding_package_register
 from inference.tokens import ENV_TOKEN, token_issue
 from nodes.agent.auth import ENV_CREDENTIAL, ENV_PROOF_KEY
@@ -139,6 +140,20 @@ def array_bootstrap(
     )
 
 
+def serving_type_choose(result: BootstrapResult) -> str:
+    """``serving_default_start`` for the bundled package at the nodes' thread count: what
+    ``up`` prints. A type that cannot be made or timed is said, and the nodes keep the
+    bundled file."""
+    from inference.engine.llama import LlamaError
+    from inference.engine.quantize import QuantizeError
+
+    threads = max((node.threads or 1 for node in result.nodes), default=1)
+    try:
+        return serving_default_start(result.package, threads=threads)
+    except (LlamaError, QuantizeError, OSError) as exc:
+        return f"serving type: {result.package.quantization} (the types could not be timed: {exc})"
+
+
 def _ensure_admin_user() -> str | None:
     users = get_user_model()
     wanted = os.environ.get("PHALANX_ADMIN_PASSWORD") or os.environ.get("PHALANX_OPERATOR_PASSWORD")
@@ -247,19 +262,6 @@ def control_loop_command() -> list[str]:
     return [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "controlloop"]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when ``up`` dies, even by SIGKILL
-    (``prctl(PR_SET_PDEATHSIG)``), so no orphan keeps the array's ports. No-op elsewhere."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-PR_SET_PDEATHSIG = 1
-
-
 @dataclass(frozen=True)
 class Backoff:
     """Delays before restarting a child that exited: ``first_s``, doubling per restart in a
@@ -301,7 +303,7 @@ class Supervisor:
             cwd=settings.BASE_DIR,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,  # no orphan keeps the array's ports
             pass_fds=tuple(pass_fds),
         )
         self.children = [(n, p) for n, p in self.children if n != name]

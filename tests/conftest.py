@@ -15,6 +15,13 @@ os.environ.setdefault("PHALANX_NODE_SECRET", f"tests-{secrets.token_hex(8)}")
 # Node agents the tests start keep no shared prefixes on disk (a prefix one test's node saved
 # would warm another test's first turn); a test of warm starts gives its node a shelf.
 os.environ.setdefault("PHALANX_PREFIX_DIR", "")
+# Node agents the tests start are repeatable (runnode --repeatable): the tests compare the text
+# of a turn whose prefix came from the KV cache with a fresh one's. The speed default (flash
+# attention timed at load) has tests of its own (tests/inference/engine/test_tuning.py).
+os.environ.setdefault("PHALANX_REPEATABLE", "1")
+# `manage.py up` in the tests serves the bundled file as it is: the chain that builds, gates and
+# rolls out the fastest type here (inference.packages.serving_default) has tests of its own.
+os.environ.setdefault("PHALANX_SERVING_TYPE", "bundled")
 
 
 @pytest.fixture(autouse=True)

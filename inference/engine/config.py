@@ -35,9 +35,12 @@ class EngineConfig:
     host_ram_mib: int = 256
     max_queue: int = 64
     prefix_reuse: bool = True
-    kv_unified: bool | None = False  # None: the faster layout, timed at load (kv_layout)
+    kv_unified: bool | None = False  # None: the faster layout, timed at load (tuning)
     kv_type: str = "f16"  # K and V cache type: "f16" or "q8_0" (llama.KV_TYPES)
-    flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.FLASH_ATTN)
+    flash_attn: str = "auto"  # "auto" (timed at load: tuning) | "on" | "off"
+    # the same seed gives the same text whether a prompt's prefix came from the KV cache or
+    # was prefilled: flash attention on (auto), no drafts under speculate auto (docs/engine.md)
+    repeatable: bool = False
     # speculative decoding by prompt lookup (inference.engine.speculation): "auto" drafts when
     # the step cost measured at load says a draft accepted half the time pays, and then only
     # for requests whose drafts pay; "on" always drafts; "off" never

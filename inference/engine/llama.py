@@ -116,13 +116,9 @@ FLASH_ATTN = {
 
 
 def flash_attn_for(choice: str) -> str:
-    """``on`` / ``off`` for a ``--flash-attn`` choice; ``auto`` is on (what llama.cpp's own
-    ``auto`` picks on these CPUs). Off decodes 1.45-1.76x faster here at agent context lengths
-    (``bench/kv_settings.py``), but then a prompt whose prefix came from the KV cache is
-    computed in another shape than a full prefill and a near-tie can pick another token: with
-    flash attention on, reused, restored and freshly prefilled prefixes give the same text (the
-    tests rely on it), so speed is the operator's explicit choice. A quantized cache needs it
-    on (llama.cpp quantizes V only with flash attention)."""
+    """``on`` / ``off`` for a context's flash-attention setting; ``auto`` is on (what llama.cpp's
+    own ``auto`` picks on these CPUs). The engine resolves ``auto`` before it creates its
+    context: timed at load, or on for a repeatable node (``inference.engine.tuning``)."""
     return "on" if choice == "auto" else choice
 
 

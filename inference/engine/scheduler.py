@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, replace
 from typing import Any
 
-from inference.engine import kv_blob, kv_layout, warm
+from inference.engine import kv_blob, tuning, warm
 from inference.engine.config import EngineConfig
 from inference.engine.decode_step import DecodeStep
 from inference.engine.host_store import HostStore
@@ -63,7 +63,7 @@ class Engine(DecodeStep):
         self.kv_bytes_per_token = 0
         self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
         self.drafting = False  # decided at load
-        self.kv_layout: kv_layout.LayoutChoice | None = None  # set at load when measured
+        self.tuning: tuning.Tuning | None = None  # set at load when settings were measured
         self.prefixes: warm.PrefixKeeper | None = None  # the shelf of shared prefixes
         self.warm: dict[str, Any] = {}  # how the start went (_warm_start): /health's "warm"
 
@@ -166,10 +166,9 @@ class Engine(DecodeStep):
             cfg.threads,
             bool(cfg.kv_unified),
             kv_type=cfg.kv_type,
-            flash_attn=cfg.flash_attn,
+            flash_attn=self._flash_attn_choice(),
         )
-        if cfg.kv_unified is None:
-            shape = replace(shape, kv_unified=self._measured_layout(shape))
+        shape = self._tuned(shape, tuning.candidates(cfg.kv_unified, shape.flash_attn))
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
         self.prefixes = warm.PrefixKeeper(self._shelf(), self.ctx, cfg.ctx_per_seq - 1)
@@ -186,7 +185,11 @@ class Engine(DecodeStep):
             self.draft_step_cost = self._measure_draft_step_cost()
         self.drafting = cfg.draft_batch_limit > 0 and (
             cfg.speculate == "on"
-            or (cfg.speculate == "auto" and self.draft_step_cost <= DRAFT_MAX_STEP_COST)
+            or (
+                cfg.speculate == "auto"
+                and not cfg.repeatable
+                and self.draft_step_cost <= DRAFT_MAX_STEP_COST
+            )
         )
         self._warm_start(refusal)
 
@@ -221,15 +224,27 @@ class Engine(DecodeStep):
             "prefixes_loaded": loaded,
         }
 
-    def _measured_layout(self, shape: ContextShape) -> bool:
-        """Whether a unified KV buffer decodes faster here (``kv_layout``); one stream per
-        sequence when it cannot be timed (a model whose state ``kv_blob`` cannot tile)."""
-        try:
-            self.kv_layout = kv_layout.choose(self.model, shape)
-        except (LlamaError, ValueError) as exc:
-            log.warning("KV layout not timed (%s): one stream per sequence", exc)
-            return False
-        return self.kv_layout.unified
+    def _flash_attn_choice(self) -> str:
+        """``--flash-attn`` as given, but ``auto`` is on for a repeatable node (reused and
+        fresh prefixes then give the same text) and for a quantized cache (llama.cpp quantizes
+        V only with flash attention); otherwise ``auto`` stays to be measured."""
+        cfg = self.config
+        if cfg.flash_attn == "auto" and (cfg.repeatable or cfg.kv_type != "f16"):
+            return "on"
+        return cfg.flash_attn
+
+    def _tuned(self, shape: ContextShape, settings: list[tuning.Setting]) -> ContextShape:
+        """``shape`` with the fastest of ``settings`` (``tuning``) when there is a choice; one
+        stream per sequence and flash attention on when it cannot be timed (a model whose
+        state ``kv_blob`` cannot tile)."""
+        chosen = settings[0]
+        if len(settings) > 1:
+            try:
+                self.tuning = tuning.choose(self.model, shape, settings)
+                chosen = tuning.Setting(self.tuning.unified, self.tuning.flash_attn)
+            except (LlamaError, ValueError) as exc:
+                log.warning("settings not timed (%s): %s", exc, chosen.name)
+        return replace(shape, kv_unified=chosen.unified, flash_attn=chosen.flash_attn)
 
     def _measure_draft_step_cost(self, repeats: int = 3) -> float:
         """Seconds to decode ``1 + MAX_DRAFT`` tokens of one sequence over seconds for one
@@ -400,8 +415,10 @@ class Engine(DecodeStep):
             "host_ram_budget_bytes": self.config.host_ram_mib * 1024 * 1024,
             # as llama.cpp reports it set the context up (None until loaded)
             "kv_settings": vars(self.ctx.settings) if self.ctx else None,
-            # how the layout was chosen when the node was left to choose (None: set by hand)
-            "kv_layout": asdict(self.kv_layout) if self.kv_layout else None,
+            # how KV layout and flash attention were chosen when the node was left to choose
+            # (None: both set by hand)
+            "tuning": asdict(self.tuning) if self.tuning else None,
+            "repeatable": self.config.repeatable,
             "reused_token_ratio": (s.cached_prompt_tokens_total / s.prompt_tokens_total)
             if s.prompt_tokens_total
             else 0.0,

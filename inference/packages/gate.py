@@ -9,11 +9,18 @@ Criteria, each with the measured value, the limit and a sentence a person can ac
 5. ``perplexity``: perplexity <= the approved version's x (1 + ``max_perplexity_increase``).
 
 4 and 5 pass, marked "no approved version to compare", when the family has none yet.
+
+A version built to **replace** another of the same model (``replacing``: the serving type the
+array chose, ``inference.packages.serving_default``) is compared with that version instead of
+the approved one, and a floor of 2 or 3 that the replaced version itself does not reach is
+lowered to its figure less ``max_regression``: the question is "no worse than what the nodes
+serve now, within the allowed drop", and a floor the serving version fails would refuse every
+replacement, the faster ones included.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -66,23 +73,50 @@ def gate_check(
     policy: Policy,
     baseline: dict[str, Any] | None = None,
     baseline_key: str = "",
+    *,
+    replacing: bool = False,
 ) -> GateResult:
     """Apply ``policy`` to an evaluation report (``inference.packages.evaluation``'s shape) and
     the approved version's report (``baseline``, or None). A report whose smoke test failed
-    fails at that criterion only: nothing else was measured."""
+    fails at that criterion only: nothing else was measured. ``replacing``: ``baseline`` is
+    the version this one replaces; the floors go no higher than its own figures."""
     smoke = evaluation.get("smoke") or {}
     if not smoke.get("passed"):
         error = smoke.get("error") or "the smoke test did not run"
         return GateResult(False, [Criterion("smoke", False, f"smoke test failed: {error}")])
     criteria = [Criterion("smoke", True, "smoke test passed")]
-    grammar = (evaluation.get("modes") or {}).get("grammar") or {}
+    grammar = _grammar(evaluation)
     accuracy = grammar.get("tool_accuracy")
+    if replacing and baseline:
+        policy = _floors_of(policy, _grammar(baseline))
     criteria.append(_at_least("tool_accuracy", accuracy, policy.min_tool_accuracy))
     criteria.append(
         _at_least("schema_valid", grammar.get("schema_valid_rate"), policy.min_schema_valid)
     )
-    criteria += _against_baseline(evaluation, policy, baseline, accuracy)
+    criteria += _against_baseline(
+        evaluation, policy, baseline, accuracy, "replaced" if replacing else "approved"
+    )
     return GateResult(all(c.passed for c in criteria), criteria, baseline_key if baseline else "")
+
+
+def _grammar(report: dict[str, Any]) -> dict[str, Any]:
+    return (report.get("modes") or {}).get("grammar") or {}
+
+
+def _floors_of(policy: Policy, replaced: dict[str, Any]) -> Policy:
+    """``policy`` with its floors no higher than the replaced version's own figures less the
+    allowed drop."""
+
+    def floor(limit: float, figure: float | None) -> float:
+        if figure is None:
+            return limit
+        return min(limit, round(figure - policy.max_regression, 6))
+
+    return replace(
+        policy,
+        min_tool_accuracy=floor(policy.min_tool_accuracy, replaced.get("tool_accuracy")),
+        min_schema_valid=floor(policy.min_schema_valid, replaced.get("schema_valid_rate")),
+    )
 
 
 def _at_least(name: str, value: float | None, limit: float) -> Criterion:
@@ -98,11 +132,12 @@ def _against_baseline(
     policy: Policy,
     baseline: dict[str, Any] | None,
     accuracy: float | None,
+    whose: str = "approved",
 ) -> list[Criterion]:
     if not baseline:
         note = "no approved version to compare"
         return [Criterion("regression", True, note), Criterion("perplexity", True, note)]
-    base_accuracy = ((baseline.get("modes") or {}).get("grammar") or {}).get("tool_accuracy")
+    base_accuracy = _grammar(baseline).get("tool_accuracy")
     out = []
     if base_accuracy is None or accuracy is None:
         out.append(Criterion("regression", True, "no tool accuracy to compare"))
@@ -113,7 +148,7 @@ def _against_baseline(
             Criterion(
                 "regression",
                 ok,
-                f"tool accuracy {accuracy:.2f} against the approved {base_accuracy:.2f} "
+                f"tool accuracy {accuracy:.2f} against the {whose} {base_accuracy:.2f} "
                 f"({'within' if ok else 'more than'} the allowed drop of {policy.max_regression:.2f})",
                 accuracy - base_accuracy,
                 -policy.max_regression,
@@ -129,7 +164,7 @@ def _against_baseline(
             Criterion(
                 "perplexity",
                 ok,
-                f"perplexity {ppl:.2f} is {rise:+.1%} against the approved {base_ppl:.2f} "
+                f"perplexity {ppl:.2f} is {rise:+.1%} against the {whose} {base_ppl:.2f} "
                 f"(at most {policy.max_perplexity_increase:+.0%})",
                 rise,
                 policy.max_perplexity_increase,

@@ -185,6 +185,23 @@ def _finish(
     )
     if finished and state != State.SUCCEEDED:
         _after_failure(job, "evaluation cancelled" if state == State.CANCELLED else error)
+    elif finished and job.params.get("then"):
+        _then(job)
+
+
+def _then(job: PackageJob) -> None:
+    """The next step of a chain the job is part of (``serving_default``), said in its log;
+    the job succeeded whatever the step does."""
+    from inference.packages.serving_default import serving_default_next
+
+    job.refresh_from_db()
+    try:
+        said = serving_default_next(job)
+    except Exception as exc:  # the job's own outcome stands
+        log.exception("job %s: the next step failed", job.pk)
+        said = f"next: failed ({exc})"
+    text = f"{job.log}\n{said}".strip()[-PackageJob.LOG_LIMIT :]
+    PackageJob.objects.filter(pk=job.pk).update(log=text)
 
 
 def _after_failure(job: PackageJob, why: str) -> None:
@@ -270,6 +287,7 @@ def _run_build(job: PackageJob, report: Reporter, work: Path):
         name=params["name"],
         version=params.get("version") or next_version(params["name"]),
         report=summary,
+        reason=params.get("reason", ""),
     )
     if built.mostly_fell_back:
         report.line(
@@ -305,11 +323,14 @@ def _run_evaluate(job: PackageJob, report: Reporter, work: Path):
     )
     if not report.claim.holds():
         raise LostClaim(f"job {job.pk}: the control loop gave this run up")
+    replaces = job.params.get("replaces")
     result = services.package_record_evaluation(
         package_id=package.pk,
         report=evaluation,
         complete=subset is None,
         status_before=job.params["status_before"],
+        verdict=not job.params.get("baseline"),
+        replacing=ModelPackage.objects.get(pk=replaces) if replaces else None,
     )
     report.line(f"gate: {result.summary()}")
     return {"gate": result.as_dict()}, None

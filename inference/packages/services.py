@@ -160,9 +160,16 @@ def _register_with_template(
 
 
 def package_register_built(
-    *, source: ModelPackage, path: Path, name: str, version: str, report: dict[str, Any]
+    *,
+    source: ModelPackage,
+    path: Path,
+    name: str,
+    version: str,
+    report: dict[str, Any],
+    reason: str = "",
 ) -> ModelPackage:
-    """Store a quantizer's output and register it as a draft built from ``source``."""
+    """Store a quantizer's output and register it as a draft built from ``source``; ``reason``
+    (why it was built, when not by hand) goes into its lineage."""
     store = package_store()
     stored = store.add_file(path)
     with unless_registered(stored, store):
@@ -180,6 +187,7 @@ def package_register_built(
                 "from_id": source.pk,
                 "requested": report.get("requested"),
                 "method": report.get("method"),
+                **({"reason": reason} if reason else {}),
             },
             parent=source,
             build_report=report,
@@ -311,6 +319,8 @@ def package_record_evaluation(
     report: dict[str, Any],
     complete: bool = True,
     status_before: str = Status.DRAFT,
+    verdict: bool = True,
+    replacing: ModelPackage | None = None,
 ) -> gates.GateResult:
     """Keep an evaluation report on the version and apply the gate: a pass approves it, a
     fail rejects it with the failed criteria named.
@@ -319,14 +329,18 @@ def package_record_evaluation(
     cases) keeps its figures and gate result, marked partial, and puts the version back to
     ``status_before`` -- unless its smoke test failed, which rejects whatever the subset (the
     smoke test is the same in every evaluation). A version someone approved, rejected or retired while it was being
-    evaluated keeps that status (the figures are still kept)."""
+    evaluated keeps that status (the figures are still kept). ``verdict=False``: figures
+    taken as a baseline (``serving_default``), kept like a partial evaluation's. ``replacing``:
+    the version this one would replace, compared with instead of the approved one
+    (``gate.gate_check``'s ``replacing``)."""
     package = ModelPackage.objects.select_for_update().get(pk=package_id)
-    baseline = approved_baseline(package)
+    baseline = replacing if replacing is not None else approved_baseline(package)
     result = gates.gate_check(
         report,
         policy_for(package.family),
         baseline.evaluation if baseline else None,
         baseline.key if baseline else "",
+        replacing=replacing is not None,
     )
     summary = result.summary()
     smoke_failed = not (report.get("smoke") or {}).get("passed")
@@ -334,11 +348,13 @@ def package_record_evaluation(
     if not complete:
         cases = (report.get("suite") or {}).get("cases", "some")
         summary = f"{summary} on a partial evaluation ({cases} cases): not a verdict"
+    elif not verdict:
+        summary = f"{summary}; measured as the baseline of a serving-type choice: not a verdict"
     package.evaluation = report
-    package.gate = {**result.as_dict(), "summary": summary, "complete": complete}
+    package.gate = {**result.as_dict(), "summary": summary, "complete": complete and verdict}
     package.evaluated_at = timezone.now()
     package.save(update_fields=["evaluation", "gate", "evaluated_at"])
-    if not complete:
+    if not complete or not verdict:
         package_evaluation_ended(package_id=package.pk, status_before=status_before, why=summary)
     elif package.status in (Status.DRAFT, Status.EVALUATING):
         if package.status == Status.DRAFT:
@@ -372,9 +388,11 @@ def package_build_enqueue(
     method: str = "f16",
     name: str | None = None,
     version: str | None = None,
+    then: dict[str, Any] | None = None,
 ) -> PackageJob:
-    """Queue a quantization build from ``package_id``. Raises ``Invalid`` (unknown type or
-    method), ``NotFound``."""
+    """Queue a quantization build from ``package_id``. ``then``: more params, for what follows
+    its success (``serving_default``: ``then``, ``reason`` kept in the version's lineage...).
+    Raises ``Invalid`` (unknown type or method), ``NotFound``."""
     from inference.engine.quantize import QUANT_LADDER
 
     source = package_get(package_id)
@@ -393,11 +411,14 @@ def package_build_enqueue(
     return job_enqueue(
         kind=PackageJob.Kind.BUILD,
         package=source,
-        params={"quantization": quantization, "method": method, "name": name, "version": version},
+        params={"quantization": quantization, "method": method, "name": name, "version": version}
+        | (then or {}),
     )
 
 
-def package_evaluate_enqueue(*, package_id: int, subset: int | None = None) -> PackageJob:
+def package_evaluate_enqueue(
+    *, package_id: int, subset: int | None = None, then: dict[str, Any] | None = None
+) -> PackageJob:
     """Queue an evaluation. Raises ``Conflict`` for an approved or retired version (its
     figures are part of what was approved) or one already being evaluated; ``Invalid`` for an
     embedding package (its evaluation is its registration's: ``inference.semcache.package``)."""
@@ -413,7 +434,8 @@ def package_evaluate_enqueue(*, package_id: int, subset: int | None = None) -> P
         raise Conflict(f"{package.key} is being evaluated already.", code="job_exists")
     if subset is not None and subset < 1:
         raise Invalid("subset: at least 1 case.", field="subset")
-    return job_enqueue(kind=PackageJob.Kind.EVALUATE, package=package, params={"subset": subset})
+    params = {"subset": subset} | (then or {})
+    return job_enqueue(kind=PackageJob.Kind.EVALUATE, package=package, params=params)
 
 
 def package_import_enqueue(

@@ -21,6 +21,7 @@ OPTIONS = {
     "kv_type": "f16",
     "flash_attn": "auto",
     "speculate": "auto",
+    "repeatable": False,
 }
 
 
@@ -36,6 +37,7 @@ def test_the_llama_cpp_settings_pass_through() -> None:
     assert config.kv_unified is None  # auto: the engine times both layouts at load
     assert engine_config({**OPTIONS, "kv_unified": "on"}).kv_unified is True
     assert engine_config({**OPTIONS, "kv_unified": "off"}).kv_unified is False
+    assert not config.repeatable and engine_config({**OPTIONS, "repeatable": True}).repeatable
 
 
 def test_a_quantized_cache_without_flash_attention_is_refused_before_loading() -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from console.lib.processes import die_with_parent
+
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the directory holding manage.py
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 300.0
@@ -125,6 +127,9 @@ def start_eval_node(
             stderr=subprocess.STDOUT,
             env={**os.environ, ENV_CREDENTIAL: credential},
             start_new_session=True,
+            # a job process that dies without stopping it (SIGKILL, a stopped array) takes
+            # it along: an orphan would keep a core busy and its port taken
+            preexec_fn=die_with_parent,
         )
     node = EvalNode(process, f"http://127.0.0.1:{port}", credential, log_path, package_name)
     try:

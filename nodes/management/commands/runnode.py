@@ -46,9 +46,12 @@ def parse_cpu_set(text: str) -> set[int]:
     return cpus
 
 
+ENV_REPEATABLE = "PHALANX_REPEATABLE"
+
+
 def kv_unified_for(choice: str) -> bool | None:
     """``on`` / ``off``: a unified KV buffer or one stream per sequence; ``auto``: None, the
-    engine times both at load and keeps the faster (``inference.engine.kv_layout``)."""
+    engine times both at load and keeps the faster (``inference.engine.tuning``)."""
     return None if choice == "auto" else choice == "on"
 
 
@@ -70,8 +73,8 @@ ENGINE_CHOICES = [
         "--flash-attn",
         ["auto", "on", "off"],
         "auto",
-        "llama.cpp's flash attention; auto: on (off decodes faster on these CPUs but a reused "
-        "prefix may then change near-tie tokens; docs/engine.md)",
+        "llama.cpp's flash attention; auto: whichever decodes faster, timed at load (on with "
+        "--repeatable or a quantized cache)",
     ),
     (
         "--speculate",
@@ -178,6 +181,7 @@ def engine_config(o: dict) -> EngineConfig:
         kv_unified=kv_unified_for(o["kv_unified"]),
         kv_type=o["kv_type"],
         flash_attn=o["flash_attn"],
+        repeatable=o["repeatable"],
         speculate=o["speculate"],
         prefix_dir=_default_prefix_dir() if o.get("prefix_dir") is None else o["prefix_dir"],
     )
@@ -243,6 +247,14 @@ class Command(BaseCommand):
         parser.add_argument("--max-queue", type=int, default=64)
         for flag, choices, default, help_text in ENGINE_CHOICES:
             parser.add_argument(flag, choices=choices, default=default, help=help_text)
+        parser.add_argument(
+            "--repeatable",
+            action="store_true",
+            default=os.environ.get(ENV_REPEATABLE, "") not in ("", "0"),
+            help="the same seed gives the same text whether a prompt's prefix came from the KV "
+            "cache or was prefilled: flash attention stays on and auto never drafts, at a cost "
+            f"in decode speed on CPUs where it is slower (docs/engine.md; also ${ENV_REPEATABLE}=1)",
+        )
         parser.add_argument(
             "--array-id",
             default=os.environ.get("PHALANX_ARRAY_ID", ""),

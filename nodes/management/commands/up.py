@@ -40,6 +40,7 @@ from console.embedded import (
     nodes_mark_stopped,
     ports_taken,
     restarts_due,
+    serving_type_choose,
     wait_for_port,
 )
 from console.lib.log_shipping import ship_from_here, to_database
@@ -196,6 +197,7 @@ class Command(BaseCommand):
             result = array_bootstrap(nodes=options["nodes"], node_base_port=node_port)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        self.stdout.write(serving_type_choose(result))
         node_ids = [n.node_id for n in result.nodes]
         nodes_mark_starting(node_ids)  # the rows are a previous process's: not up, not validated
         supervisor = Supervisor()

@@ -70,9 +70,12 @@ class EngineDriver:
 
 
 def make_engine(**overrides) -> Engine:
+    """A started engine with the bundled model; repeatable unless ``overrides`` say otherwise
+    (the engine tests compare texts of cached and fresh prefixes)."""
+    defaults = {"sequences": 4, "ctx_per_seq": 1024, "threads": 2, "host_ram_mib": 64}
     config = EngineConfig(
         model_path=str(bundled_model_path()),
-        **{"sequences": 4, "ctx_per_seq": 1024, "threads": 2, "host_ram_mib": 64, **overrides},
+        **{**defaults, "repeatable": True, **overrides},
     )
     engine = Engine(config)
     engine.start()

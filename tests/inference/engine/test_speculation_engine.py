@@ -48,15 +48,20 @@ def test_drafting_changes_no_token(engines, params) -> None:
 
 
 @pytest.mark.parametrize(
-    ("step_cost", "drafts"), [(DRAFT_MAX_STEP_COST, True), (DRAFT_MAX_STEP_COST + 0.01, False)]
+    ("step_cost", "repeatable", "drafts"),
+    [
+        (DRAFT_MAX_STEP_COST, False, True),
+        (DRAFT_MAX_STEP_COST + 0.01, False, False),
+        (DRAFT_MAX_STEP_COST, True, False),  # a repeatable node never drafts under auto
+    ],
 )
 def test_auto_drafts_only_where_the_step_cost_says_drafts_pay(
-    monkeypatch, step_cost: float, drafts: bool
+    monkeypatch, step_cost: float, repeatable: bool, drafts: bool
 ) -> None:
     """The decision from a given step cost (what the load measures is a benchmark's figure:
     ``bench/speculation.py`` prints it), seen in the snapshot and in a request's timings."""
     monkeypatch.setattr(Engine, "_measure_draft_step_cost", lambda self: step_cost)
-    engine = make_engine(speculate="auto", sequences=2)
+    engine = make_engine(speculate="auto", sequences=2, repeatable=repeatable)
     try:
         snap = engine.snapshot()
         assert snap["draft_step_cost"] == step_cost

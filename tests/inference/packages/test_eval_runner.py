@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from inference.packages.evaluation.node import REPO_ROOT
 from inference.packages.evaluation.runner import evaluate_package
 from inference.packages.gguf_files import write_with_chat_template
 
@@ -91,3 +92,53 @@ def test_it_reports_a_node_that_does_not_start_as_a_failed_smoke_test(tmp_path):
     ].startswith("the node exited")
     assert [s["name"] for s in smoke["steps"]] == ["start"]
     assert report["modes"] == {} and report["cases"] == []
+
+
+def test_an_evaluation_node_dies_with_the_job_process_that_started_it(tmp_path, bundled):
+    """A job process killed with SIGKILL (a stopped array, the OOM killer) runs no cleanup;
+    its evaluation node must not live on as an orphan holding a core and a port."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import django, os, sys, time
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+        django.setup()
+        from inference.packages.evaluation.node import start_eval_node
+        node = start_eval_node({str(bundled)!r}, log_path={str(tmp_path / "node.log")!r})
+        print(node.process.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    job = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    )
+    try:
+        node_pid = int(job.stdout.readline())
+        assert not until_gone(node_pid, timeout=0.5)  # up and serving
+        job.send_signal(signal.SIGKILL)
+        job.wait(10)
+        assert until_gone(node_pid, timeout=20), "the evaluation node outlived its job"
+    finally:
+        job.kill()
+
+
+def until_gone(pid: int, *, timeout: float) -> bool:
+    """Whether process ``pid`` ended (or is a zombie: ended, not yet reaped) within
+    ``timeout`` seconds."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False

@@ -185,3 +185,26 @@ def test_the_summary_joins_every_failure_in_order():
         "+100.0% against the approved 20.00 (at most +10%)"
     )
     assert result.as_dict()["baseline"] == "m:3" and result.as_dict()["passed"] is False
+
+
+def test_a_replacement_is_held_to_the_replaced_version_not_to_a_floor_it_fails_itself():
+    """The serving type's gate: the bundled version scores below the family's floor; a faster
+    type of the same model passes when no worse than it (within the allowed drop)."""
+    policy = Policy(min_tool_accuracy=0.5, min_schema_valid=1.0, max_regression=0.05)
+    serving = report(accuracy=0.25, schema=0.9, perplexity=30.0)
+    close = report(accuracy=0.21, schema=0.86, perplexity=31.0)
+    result = gate_check(close, policy, serving, "m-q4_1:1", replacing=True)
+    assert result.passed, result.summary()
+    assert result.criteria[1].limit == 0.2 and result.criteria[2].limit == 0.85
+    # without `replacing` the same figures fail the family's floors
+    assert [c.name for c in gate_check(close, policy, serving, "m-q4_1:1").failed] == [
+        "tool_accuracy",
+        "schema_valid",
+    ]
+    worse = report(accuracy=0.19, schema=0.84, perplexity=31.0)
+    failed = gate_check(worse, policy, serving, "m-q4_1:1", replacing=True).failed
+    assert [c.name for c in failed] == ["tool_accuracy", "schema_valid", "regression"]
+    # a floor the replaced version meets stays where the policy puts it
+    strong = report(accuracy=0.8, schema=1.0, perplexity=20.0)
+    held = gate_check(report(accuracy=0.45, schema=1.0), policy, strong, "m:1", replacing=True)
+    assert held.criteria[1].limit == 0.5 and not held.passed

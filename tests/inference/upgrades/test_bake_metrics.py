@@ -47,7 +47,8 @@ class Engine:
             "sequences_active": 0,
             "queue_depth": 0,
             "kv_settings": {},
-            "kv_layout": "unified",
+            "tuning": None,
+            "repeatable": True,
             "host_ram_budget_bytes": 0,
             "warm": {},
         }

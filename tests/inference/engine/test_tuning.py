@@ -1,0 +1,113 @@
+"""The settings a node is left to choose (KV layout, flash attention) are the ones it timed
+fastest, measured once per setting; a repeatable node keeps flash attention on."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.engine import kv_blob, tuning
+from inference.engine.llama import ContextShape, LlamaModel
+from tests.inference.engine.conftest import EngineDriver, make_engine
+from tests.support.processes import bundled_model_path
+
+pytestmark = pytest.mark.model
+
+
+def test_it_picks_the_fastest_setting_and_remembers_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = LlamaModel(str(bundled_model_path()))
+    try:
+        shape = ContextShape(4, 512, threads=2)
+        settings = tuning.candidates(None, "auto")
+        assert [s.name for s in settings] == [
+            "split+fa-on",
+            "split+fa-off",
+            "unified+fa-on",
+            "unified+fa-off",
+        ]
+        first = tuning.choose(model, shape, settings)
+        assert first.measured and first.fill == 256
+        assert set(first.step_ms) == {s.name for s in settings}
+        fastest = min(first.step_ms, key=first.step_ms.get)
+        assert tuning.Setting(first.unified, first.flash_attn).name == fastest
+        again = tuning.choose(model, shape, settings)
+        assert not again.measured and again.step_ms == first.step_ms
+        assert tuning.choose(model, ContextShape(2, 512, threads=2), settings).measured
+        only_layouts = tuning.choose(model, shape, tuning.candidates(None, "on"))
+        assert only_layouts.measured and set(only_layouts.step_ms) == {
+            "split+fa-on",
+            "unified+fa-on",
+        }
+    finally:
+        model.close()
+
+
+def test_an_engine_left_to_choose_sets_up_what_it_measured(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    engine = make_engine(sequences=2, ctx_per_seq=256, kv_unified=None, repeatable=False)
+    try:
+        snap = engine.snapshot()
+        chosen = snap["tuning"]
+        assert len(chosen["step_ms"]) == 4 and not snap["repeatable"]
+        assert snap["kv_settings"]["kv_unified"] == ("true" if chosen["unified"] else "false")
+        assert snap["kv_settings"]["flash_attn"] == (
+            "enabled" if chosen["flash_attn"] == "on" else "disabled"
+        )
+        driver = EngineDriver(engine)
+        messages = [{"role": "user", "content": "Name a colour."}]
+        first = driver.chat(messages, session="s", max_tokens=8)
+        turn = [*messages, {"role": "assistant", "content": first.text}]
+        second = driver.chat([*turn, {"role": "user", "content": "Another?"}], session="s")
+        assert first.text and second.text and second.cached_tokens > 0
+    finally:
+        engine.stop()
+    engine = make_engine(sequences=2, ctx_per_seq=256, kv_unified=True, flash_attn="off")
+    try:
+        assert engine.snapshot()["tuning"] is None  # both set by hand: nothing measured
+        assert engine.snapshot()["kv_settings"]["flash_attn"] == "disabled"
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("why", [{"repeatable": True}, {"kv_type": "q8_0"}])
+def test_repeatable_or_a_quantized_cache_keeps_flash_attention_on(
+    why, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    engine = make_engine(
+        sequences=2, ctx_per_seq=256, kv_unified=None, **{"repeatable": False, **why}
+    )
+    try:
+        snap = engine.snapshot()
+        assert set(snap["tuning"]["step_ms"]) == {"split+fa-on", "unified+fa-on"}
+        assert snap["kv_settings"]["flash_attn"] == "enabled"
+    finally:
+        engine.stop()
+
+
+def test_a_cache_file_it_cannot_use_is_measured_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    tuning.cache_path().parent.mkdir(parents=True)
+    tuning.cache_path().write_text("[1, 2]")
+    model = LlamaModel(str(bundled_model_path()))
+    try:
+        settings = tuning.candidates(None, "on")
+        assert tuning.choose(model, ContextShape(2, 256, threads=2), settings).measured
+    finally:
+        model.close()
+
+
+def test_settings_that_cannot_be_timed_fall_back_to_split_with_flash_attention(
+    tmp_path, monkeypatch
+) -> None:
+    def cannot(*args, **kwargs):
+        raise kv_blob.UnsplittableState("2048 bytes after the state (a second cache?)")
+
+    monkeypatch.setattr(tuning, "choose", cannot)
+    engine = make_engine(sequences=2, ctx_per_seq=256, kv_unified=None, repeatable=False)
+    try:
+        snap = engine.snapshot()
+        assert snap["tuning"] is None and snap["kv_settings"]["kv_unified"] == "false"
+        assert snap["kv_settings"]["flash_attn"] == "enabled"
+    finally:
+        engine.stop()
