@@ -1,8 +1,9 @@
 """A real control plane for the routing benchmarks: its own database, daphne and the control loop.
 
 ``ControlPlane(nodes, log_dir, policy={...})`` migrates a fresh SQLite database under a temporary
-``PHALANX_HOME``, registers the package and the given node processes, sets the routing policy,
-then starts ``daphne console.asgi:application`` and ``manage.py controlloop`` on loopback.
+``PHALANX_HOME``, registers the package and the given node processes, sets the routing policy
+(and, given ``quota``, the admin role's default quota: the bench token acts as admin, so its
+requests are then counted against rate limits as a limited token's are), then starts ``daphne console.asgi:application`` and ``manage.py controlloop`` on loopback.
 Clients call ``url`` with ``headers`` (a Bearer token from ``$PHALANX_API_TOKEN``).
 """
 
@@ -29,6 +30,7 @@ class ControlPlane:
         log_dir: Path,
         *,
         policy: dict | None = None,
+        quota: dict | None = None,
         env: dict[str, str] | None = None,
         home: Path | None = None,
         port: int | None = None,
@@ -47,8 +49,10 @@ class ControlPlane:
             "from django.utils import timezone\n"
             "call_command('migrate', verbosity=0)\n"
             "from inference.models import ModelPackage, RoutingPolicy\n"
+            "from inference.usage.models import Quota\n"
             "from nodes.models import Node\n"
-            "nodes, policy = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+            "nodes, policy, quota = (json.loads(a) for a in sys.argv[1:4])\n"
+            "if quota: Quota.objects.update_or_create(role='admin', token=None, defaults=quota)\n"
             f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
             "for node_id, address in nodes.items():\n"
             "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
@@ -60,7 +64,8 @@ class ControlPlane:
         import json
 
         subprocess.run(
-            [sys.executable, "-c", setup, json.dumps(nodes), json.dumps(policy or {})],
+            [sys.executable, "-c", setup, json.dumps(nodes), json.dumps(policy or {})]
+            + [json.dumps(quota or {})],
             cwd=repo,
             env={**os.environ, **self.env},
             check=True,
