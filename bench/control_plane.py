@@ -9,6 +9,7 @@ Clients call ``url`` with ``headers`` (a Bearer token from ``$PHALANX_API_TOKEN`
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,24 @@ from harness import Proc, free_port, spawn, start_control_plane  # noqa: F401
 
 PACKAGE = "smollm2-135m-instruct-q4_1"
 TOKEN = "bench-token"
+SET_UP = (  # run with the control plane's environment: argv nodes, policy, quota (JSON)
+    "import django, json, sys; django.setup()\n"
+    "from django.core.management import call_command\n"
+    "from django.utils import timezone\n"
+    "call_command('migrate', verbosity=0)\n"
+    "from inference.models import ModelPackage, RoutingPolicy\n"
+    "from inference.usage.models import Quota\n"
+    "from nodes.models import Node\n"
+    "nodes, policy, quota = (json.loads(a) for a in sys.argv[1:4])\n"
+    "if quota: Quota.objects.update_or_create(role='admin', token=None, defaults=quota)\n"
+    f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
+    "for node_id, address in nodes.items():\n"
+    "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
+    "                        last_probe_at=timezone.now())\n"
+    "p = RoutingPolicy.load()\n"
+    "for k, v in policy.items(): setattr(p, k, v)\n"
+    "p.full_clean(); p.save()\n"
+)
 
 
 class ControlPlane:
@@ -42,34 +61,7 @@ class ControlPlane:
             "DJANGO_SETTINGS_MODULE": "console.settings",
             **(env or {}),
         }
-        repo = Path(__file__).resolve().parents[1]
-        setup = (
-            "import django, json, sys; django.setup()\n"
-            "from django.core.management import call_command\n"
-            "from django.utils import timezone\n"
-            "call_command('migrate', verbosity=0)\n"
-            "from inference.models import ModelPackage, RoutingPolicy\n"
-            "from inference.usage.models import Quota\n"
-            "from nodes.models import Node\n"
-            "nodes, policy, quota = (json.loads(a) for a in sys.argv[1:4])\n"
-            "if quota: Quota.objects.update_or_create(role='admin', token=None, defaults=quota)\n"
-            f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
-            "for node_id, address in nodes.items():\n"
-            "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
-            "                        last_probe_at=timezone.now())\n"
-            "p = RoutingPolicy.load()\n"
-            "for k, v in policy.items(): setattr(p, k, v)\n"
-            "p.full_clean(); p.save()\n"
-        )
-        import json
-
-        subprocess.run(
-            [sys.executable, "-c", setup, json.dumps(nodes), json.dumps(policy or {})]
-            + [json.dumps(quota or {})],
-            cwd=repo,
-            env={**os.environ, **self.env},
-            check=True,
-        )
+        self._set_up(nodes, policy or {}, quota or {})
         port = port or free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -86,6 +78,15 @@ class ControlPlane:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"control plane not ready:\n{self.server.log()[-3000:]}")
+
+    def _set_up(self, nodes: dict[str, str], policy: dict, quota: dict) -> None:
+        """Migrate the database and register the package, nodes, policy and quota."""
+        subprocess.run(
+            [sys.executable, "-c", SET_UP, *(json.dumps(x) for x in (nodes, policy, quota))],
+            cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, **self.env},
+            check=True,
+        )
 
     def _validated(self) -> bool:
         """True when every node is up and has passed device validation (the control loop
