@@ -2,8 +2,9 @@
 
 ``ControlPlane(nodes, log_dir, policy={...})`` migrates a fresh SQLite database under a temporary
 ``PHALANX_HOME``, registers the package and the given node processes, sets the routing policy
-(and, given ``quota``, the admin role's default quota: the bench token acts as admin, so its
-requests are then counted against rate limits as a limited token's are), then starts ``daphne console.asgi:application`` and ``manage.py controlloop`` on loopback.
+(and, given ``quota``, the admin role's default quota through ``quotas.quota_set``: the bench
+token acts as admin, so its requests are then counted against rate limits as a limited token's
+are), then starts ``daphne console.asgi:application`` and ``manage.py controlloop`` on loopback.
 Clients call ``url`` with ``headers`` (a Bearer token from ``$PHALANX_API_TOKEN``).
 """
 
@@ -28,10 +29,10 @@ SET_UP = (  # run with the control plane's environment: argv nodes, policy, quot
     "from django.utils import timezone\n"
     "call_command('migrate', verbosity=0)\n"
     "from inference.models import ModelPackage, RoutingPolicy\n"
-    "from inference.usage.models import Quota\n"
+    "from inference.usage.quotas import quota_set\n"
     "from nodes.models import Node\n"
     "nodes, policy, quota = (json.loads(a) for a in sys.argv[1:4])\n"
-    "if quota: Quota.objects.update_or_create(role='admin', token=None, defaults=quota)\n"
+    "if quota: quota_set(changes=quota, role='admin')\n"
     f"pkg = ModelPackage.objects.create(name={PACKAGE!r}, version='1', gguf_path='x', sha256='')\n"
     "for node_id, address in nodes.items():\n"
     "    Node.objects.create(node_id=node_id, address=address, package=pkg, state='up',\n"
