@@ -9,13 +9,16 @@ With several control-plane replicas (``REDIS_URL``) the signal also bumps a gene
 in Redis, which every replica reads at most every ``GENERATION_CHECK_S``: a token revoked on
 one replica is refused by all within a second. Another process without Redis (a CLI command
 on the embedded array) is seen within ``TTL_S``. A failed lookup (unknown token, unknown
-model) is never cached.
+model) is never cached. An answer used in the second half of its ``TTL_S`` is read again in
+the background (refresh-ahead), so under steady traffic no request waits for an expired one;
+an answer is still never older than its TTL.
 
 The cached ``RoutingPolicy`` is shared by concurrent requests: read it, never change it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -38,6 +41,7 @@ from inference.usage.quotas import Caller
 log = logging.getLogger(__name__)
 
 TTL_S = 10.0
+REFRESH_AHEAD = 0.5  # past this share of its TTL, a hit also reads the answer again
 PINNED_TTL_S = 5.0  # <= route_writer.KEEP_DONE_S: the ledger covers what the counts miss
 
 T = TypeVar("T")
@@ -48,6 +52,8 @@ GENERATION_KEY = "phalanx:lookups:generation"
 _entries: dict[tuple[str, str], tuple[float, Any]] = {}
 _lock = threading.Lock()
 _shared = {"generation": None, "checked_at": 0.0}  # the replicas' generation, as last read
+_local = {"generation": 0}  # bumped by every clear: a read begun before it is not kept
+_refreshing: dict[tuple[str, str], asyncio.Future[None]] = {}  # background reads under way
 
 
 def _shared_generation_moved(now: float) -> bool:
@@ -72,26 +78,53 @@ def _cached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) ->
     entry = _entries.get((kind, key))
     if entry is not None and entry[0] > now:
         return entry[1]
+    return _load(kind, key, load, ttl_s)
+
+
+def _load(kind: str, key: str, load: Callable[[], T], ttl_s: float) -> T:
+    """Read an answer and keep it ``ttl_s`` seconds, unless the cache was cleared while it
+    was read (the answer may predate the change that cleared it)."""
+    generation, started = _local["generation"], time.monotonic()
     value = load()
     with _lock:
-        _entries[(kind, key)] = (now + ttl_s, value)
+        if _local["generation"] == generation:
+            _entries[(kind, key)] = (started + ttl_s, value)
     return value
 
 
 async def _acached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TTL_S) -> T:
-    """``_cached`` for the event loop: a hit costs no thread hop, a miss reads in a DB thread."""
+    """``_cached`` for the event loop: a hit costs no thread hop, a miss reads in a DB thread.
+    A hit in the last ``1 - REFRESH_AHEAD`` of its time also starts a background read, so a
+    steady caller never waits for an expired answer (it is never served older than ``ttl_s``
+    either way)."""
     now = time.monotonic()
     if _shared_generation_moved(now):  # one Redis read a second at most, on the loop
         _forget()
     entry = _entries.get((kind, key))
-    if entry is not None and entry[0] > now:
-        return entry[1]
-    return await db_thread(_cached)(kind, key, load, ttl_s)
+    if entry is None or entry[0] <= now:
+        return await db_thread(_load)(kind, key, load, ttl_s)
+    if entry[0] - now < ttl_s * (1 - REFRESH_AHEAD) and (kind, key) not in _refreshing:
+        _refreshing[(kind, key)] = asyncio.ensure_future(_refresh(kind, key, load, ttl_s))
+    return entry[1]
+
+
+async def _refresh(kind: str, key: str, load: Callable[[], Any], ttl_s: float) -> None:
+    """Read an answer again ahead of its expiry; one that now fails (a token revoked, a
+    package gone) is forgotten, so the next request reads it and gets the error."""
+    try:
+        await db_thread(_load)(kind, key, load, ttl_s)
+    except Exception:
+        with _lock:
+            _entries.pop((kind, key), None)
+    finally:
+        _refreshing.pop((kind, key), None)
 
 
 def _forget() -> None:
     with _lock:
         _entries.clear()
+        _refreshing.clear()  # a read under way is not kept (the generation moved)
+        _local["generation"] += 1
 
 
 def clear(*_args: Any, **_kwargs: Any) -> None:
@@ -166,20 +199,18 @@ async def arouting_policy() -> RoutingPolicy:
     return await _acached("policy", "", RoutingPolicy.load)
 
 
-ROLLOUT_TTL_S = 2.0  # an upgrade's share changes reach routing within this
-
-
-def _rollouts() -> dict[str, Any]:
+def rollout_for(model: str) -> Any:
+    """The ``routing.Rollout`` of an upgrade of ``model`` (a client-facing name) under way,
+    or None. Read each time, not cached (a compiled query of the few upgrades under way, about
+    0.1 ms, inside the routing read's own database hop): a share change reaches routing at
+    once, and no request pays for a cache that expired."""
     from inference.upgrades.services import active_rollouts
 
     # an upgrade's model is the name its nodes are served as; clients ask for its family
-    return {model_names.family_of(m): r for m, r in active_rollouts().items()}
-
-
-def rollout_for(model: str) -> Any:
-    """The ``routing.Rollout`` of an upgrade of ``model`` (a client-facing name) under way,
-    or None (cached ``ROLLOUT_TTL_S`` seconds)."""
-    return _cached("rollouts", "", _rollouts, ROLLOUT_TTL_S).get(model)
+    for served_as, rollout in active_rollouts().items():
+        if model_names.family_of(served_as) == model:
+            return rollout
+    return None
 
 
 EMBEDDING_TTL_S = 2.0  # a newly approved embedding package reaches every process within this

@@ -1,6 +1,7 @@
 """Suite-wide hooks: each test starts with empty hot-path caches (and no request failures
 remembered) and ends with every routing
-record written (the proxy writes routes off the request path, ``inference.route_writer``)."""
+record written (the proxy writes routes off the request path, ``inference.route_writer``; rate-limit
+counts are written behind, ``inference.usage.limit_store_memory``)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def _fresh_lookups() -> None:
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Before the test's fixtures (and its database) are torn down."""
     from inference.route_writer import route_writer
+    from inference.usage import limits
     from inference.usage.recorder import recorder
 
     route_writer.flush()
     recorder.flush()
+    limits.forget_counts()  # the next test's process counts afresh

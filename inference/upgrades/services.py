@@ -15,6 +15,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from console.lib.audit import audit_record, current_actor
+from console.lib.compiled_sql import CompiledQuery
 from console.lib.errors import Conflict, Invalid, NotFound
 from inference.models import ModelPackage, SessionRoute, Upgrade, UpgradeEvent
 from inference.routing import Rollout
@@ -273,9 +274,17 @@ def _audited(upgrade: Upgrade, action: str, message: str) -> Upgrade:
     return upgrade
 
 
+ROLLING = (State.RUNNING, State.PAUSED, State.ROLLING_BACK)  # upgrades that split new sessions
+
+_rollout_rows = CompiledQuery(
+    lambda *states: Upgrade.objects.filter(state__in=states).values_list(
+        "model", "from_package_id", "to_package_id", "new_share"
+    )
+)
+
+
 def active_rollouts() -> dict[str, Rollout]:
-    """``{model: Rollout}`` of the upgrades under way, for routing new sessions."""
-    rows = Upgrade.objects.filter(
-        state__in=(State.RUNNING, State.PAUSED, State.ROLLING_BACK)
-    ).values_list("model", "from_package_id", "to_package_id", "new_share")
+    """``{model: Rollout}`` of the upgrades under way, for routing new sessions. Read on the
+    proxy's hot path for every new session, so its SQL is compiled once (about 0.1 ms)."""
+    rows = _rollout_rows.rows(*(str(state) for state in ROLLING))
     return {model: Rollout(old, new, share) for model, old, new, share in rows}

@@ -37,7 +37,7 @@ def _count(key: str) -> int:
     return RateWindow.objects.filter(key=key).values_list("count", flat=True).first() or 0
 
 
-def _add(key: str, amount: int, expires_at: float) -> None:
+def window_add(key: str, amount: int, expires_at: float) -> None:
     """Add ``amount`` to the window ``key`` (created when missing)."""
     if RateWindow.objects.filter(key=key).update(count=F("count") + amount):
         return
@@ -57,7 +57,7 @@ class DbLimitStore:
 
         caller = keys["concurrent_sessions"].rsplit(":", 1)[0]
         if connection.vendor != "sqlite":  # SQLite's IMMEDIATE transaction holds its write lock
-            _add(f"{caller}:lock", 1, now + DAY_S)  # the caller's lock, held to the commit
+            window_add(f"{caller}:lock", 1, now + DAY_S)  # the caller's lock, held to the commit
         counts = _counts([keys[n] for n in WINDOWED if getattr(limits, n)])
         for name in ("tokens_per_minute", "tokens_per_day"):
             value = getattr(limits, name)
@@ -70,7 +70,7 @@ class DbLimitStore:
         if limits.requests_per_minute:
             if counts.get(keys["requests_per_minute"], 0) >= limits.requests_per_minute:
                 return "requests_per_minute"
-            _add(keys["requests_per_minute"], 1, now + 2 * MINUTE_S)
+            window_add(keys["requests_per_minute"], 1, now + 2 * MINUTE_S)
         if lease:
             InflightLease.objects.create(caller=caller, lease=lease, expires_at=_at(now + LEASE_S))
         return ""
@@ -81,10 +81,13 @@ class DbLimitStore:
         now = datetime.now(UTC).timestamp()
         with transaction.atomic():
             if tokens:
-                _add(keys["tokens_per_minute"], tokens, now + 2 * MINUTE_S)
-                _add(keys["tokens_per_day"], tokens, now + DAY_S + MINUTE_S)
+                window_add(keys["tokens_per_minute"], tokens, now + 2 * MINUTE_S)
+                window_add(keys["tokens_per_day"], tokens, now + DAY_S + MINUTE_S)
             if lease:
                 InflightLease.objects.filter(lease=lease).delete()
+
+    def ready(self, keys: dict[str, str]) -> bool:
+        return False  # every admission and settlement writes
 
     def counts(self, keys: dict[str, str], now: float) -> dict[str, int]:
         caller = keys["concurrent_sessions"].rsplit(":", 1)[0]

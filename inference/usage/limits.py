@@ -2,8 +2,10 @@
 
 Fixed windows (a minute, a UTC day) counted where every control-plane process sees them:
 Redis when ``REDIS_URL`` is set (``limit_store_redis``: one round trip, a Lua script), the
-database otherwise (``limit_store_db``: one short write transaction). A caller with no counted
-limit (``Limits.limited`` false) costs nothing here.
+database otherwise (``limit_store_db``: one short write transaction). The embedded array
+(SQLite, one control-plane process) counts in that process's memory and writes behind
+(``limit_store_memory``: no database on the request path). A caller with no counted limit
+(``Limits.limited`` false) costs nothing here.
 
 - ``requests_per_minute``: a request is counted when it is admitted; the window's count never
   passes the limit (the ``limit``-th request of a window is the last one admitted).
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django.conf import settings
+from django.db import connection
 
 from console.lib.bare_http import db_thread
 from inference.errors import BadRequest, ProxyError
@@ -112,23 +115,42 @@ class LimitStore(Protocol):
     def counts(self, keys: dict[str, str], now: float) -> dict[str, int]:
         """What each window of ``keys`` holds (``concurrent_sessions``: live leases)."""
 
+    def ready(self, keys: dict[str, str]) -> bool:
+        """True when ``admit`` and ``settle`` with ``keys`` touch no database (they may run
+        on the event loop)."""
+
 
 _stores: dict[str, LimitStore] = {}
 
 
 def store() -> LimitStore:
-    """Redis when ``REDIS_URL`` is set, else the database (one per process)."""
+    """Redis when ``REDIS_URL`` is set, else this process's memory on SQLite (the embedded
+    array), else the database (one per process)."""
     url = settings.REDIS_URL or ""
-    if url not in _stores:
+    kind = url or connection.vendor
+    if kind not in _stores:
         if url:
             from inference.usage.limit_store_redis import RedisLimitStore
 
-            _stores[url] = RedisLimitStore(url)
+            _stores[kind] = RedisLimitStore(url)
+        elif kind == "sqlite":
+            from inference.usage.limit_store_memory import MemoryLimitStore
+
+            _stores[kind] = MemoryLimitStore()
         else:
             from inference.usage.limit_store_db import DbLimitStore
 
-            _stores[url] = DbLimitStore()
-    return _stores[url]
+            _stores[kind] = DbLimitStore()
+    return _stores[kind]
+
+
+def forget_counts() -> None:
+    """Write what this process counted and forget it, as a new process starts (tests)."""
+    from inference.usage.limit_store_memory import MemoryLimitStore
+
+    for kept in _stores.values():
+        if isinstance(kept, MemoryLimitStore):
+            kept.clear()
 
 
 def _refusal(caller: Caller, limit: str, windows: Windows, now: float) -> OverLimit:
@@ -157,13 +179,15 @@ def admit(caller: Caller) -> Admission:
 
 async def aadmit(caller: Caller) -> Admission | None:
     """``admit`` for the proxy: None at no cost for a caller without counted limits; a
-    Redis round trip on the loop, a database write in a DB thread."""
+    Redis round trip or a count in memory on the loop, else in a DB thread (a database
+    write; the memory store's first count in a window, which reads the window first)."""
     if not caller.limits.limited:
         return None
     now = clock()
-    if settings.REDIS_URL:
-        return _admit(caller, Windows.at(now), now)
-    return await db_thread(_admit)(caller, Windows.at(now), now)
+    windows = Windows.at(now)
+    if store().ready(keys(caller.key, windows)):
+        return _admit(caller, windows, now)
+    return await db_thread(_admit)(caller, windows, now)
 
 
 def settle(admission: Admission | None, tokens: int) -> None:
@@ -177,6 +201,11 @@ def settle(admission: Admission | None, tokens: int) -> None:
     if counted or admission.lease:  # into the windows the turn ends in (its tokens are spent)
         ended_in = Windows.at(clock())
         store().settle(keys(admission.caller.key, ended_in), counted, admission.lease)
+
+
+def settles_on_loop(admission: Admission) -> bool:
+    """True when ``settle(admission, ...)`` touches no database (Redis, memory)."""
+    return store().ready(keys(admission.caller.key, Windows.at(clock())))
 
 
 def window_counts(caller_key: str, windows: Windows, now: float) -> dict[str, int]:

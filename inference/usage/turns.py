@@ -78,7 +78,7 @@ async def release(ticket: Ticket | None) -> None:
 async def _settle(admission: Admission | None, tokens: int) -> None:
     if admission is None or admission.settled:
         return
-    if settings.REDIS_URL:
+    if limits.settles_on_loop(admission):
         limits.settle(admission, tokens)
     else:
         await db_thread(limits.settle)(admission, tokens)

@@ -161,8 +161,9 @@ def test_it_rolls_an_upgrade_through_running_agent_sessions(array) -> None:
 
 
 def _wait_routing_sees_the_canary(array, rollout, new_node: str) -> None:
-    """The proxy reads an upgrade's share within ``lookups.ROLLOUT_TTL_S``: wait until a new
-    session whose id the split sends to the new version lands there."""
+    """The proxy reads an upgrade's share for every new session: wait until a new session
+    whose id the split sends to the new version lands there (the canary node may still be
+    warming up when the share moves)."""
     from inference.routing import version_for_new_session
 
     ids = (f"probe-{rollout.new_package_id}-{i}" for i in range(1000))

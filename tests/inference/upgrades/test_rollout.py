@@ -35,7 +35,6 @@ def up(node_id: str, package: ModelPackage, port: int, **fields) -> Node:
 
 def running(old: ModelPackage, new: ModelPackage, share: float) -> Upgrade:
     """An upgrade of ``M`` under way, sending ``share`` of new sessions to ``new``."""
-    lookups.clear()  # routing reads the rollout through a cache of ROLLOUT_TTL_S
     upgrade = Upgrade.objects.filter(model=M).first()
     if upgrade is None:
         upgrade = Upgrade(model=M, from_package=old, to_package=new, nodes=[])

@@ -1,5 +1,5 @@
-"""Rate limits on both stores (``inference.usage.limits``): the database's and Redis's count
-exactly under concurrent admissions, token windows refuse at their limit, leases bound the
+"""Rate limits on every store (``inference.usage.limits``): the database's, the embedded
+array's memory (written behind) and Redis's count exactly under concurrent admissions, token windows refuse at their limit, leases bound the
 sessions in flight, and the next window admits again."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
+from inference.models import RateWindow
 from inference.usage.limit_store_db import DbLimitStore
+from inference.usage.limit_store_memory import FLUSH_S, MemoryLimitStore
 from inference.usage.limit_store_redis import RedisLimitStore
 from inference.usage.limits import MINUTE_S, Windows, cap_max_tokens, keys
 from inference.usage.quotas import Limits, merged
@@ -21,10 +23,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 NOW = 1_800_057_600.0  # a day's start (so a minute's too)
 
 
-@pytest.fixture(params=["database", "redis"])
+@pytest.fixture(params=["database", "memory", "redis"])
 def store(request):
     if request.param == "database":
         yield DbLimitStore()
+        return
+    if request.param == "memory":
+        memory_store = MemoryLimitStore()
+        yield memory_store
+        memory_store.clear()
         return
     redis_store = RedisLimitStore(
         redis_url(), prefix=f"phalanx:test-limits:{secrets.token_hex(4)}:"
@@ -77,6 +84,40 @@ def test_leases_bound_the_sessions_in_flight_and_ending_a_turn_frees_one(store):
     assert store.counts(window, NOW)["concurrent_sessions"] == 2
     store.settle(window, 0, "a")
     assert _admit(store, limits, lease="c") == ""
+
+
+def test_the_memory_store_writes_behind_and_a_restarted_process_goes_on_from_its_counts():
+    """The embedded array counts in memory: what it counted is in the database within
+    ``FLUSH_S`` without anyone asking, and a new process (a restart) refuses at the limit
+    counting what the old one admitted and settled."""
+    import time
+
+    limits = Limits(requests_per_minute=5, tokens_per_day=1000)
+    window = keys("token:1", Windows.at(NOW))
+    first = MemoryLimitStore()
+    assert [_admit(first, limits) for _ in range(3)] == ["", "", ""]
+    first.settle(window, 400, None)
+    deadline = time.monotonic() + FLUSH_S + 5
+    while time.monotonic() < deadline:
+        rows = dict(RateWindow.objects.values_list("key", "count"))
+        if rows.get(window["tokens_per_day"]) == 400:
+            break
+        time.sleep(0.05)
+    assert rows == {
+        window["requests_per_minute"]: 3,
+        window["tokens_per_minute"]: 400,
+        window["tokens_per_day"]: 400,
+    }
+    assert (
+        RateWindow.objects.get(key=window["tokens_per_day"]).expires_at.timestamp() > NOW + 86_400
+    )
+
+    restarted = MemoryLimitStore()
+    assert [_admit(restarted, limits) for _ in range(3)] == ["", "", "requests_per_minute"]
+    restarted.settle(window, 600, None)
+    assert _admit(restarted, limits, NOW + MINUTE_S) == "tokens_per_day"  # 400 + 600
+    restarted.clear()
+    assert restarted.counts(window, NOW)["requests_per_minute"] == 5  # read back from the rows
 
 
 def test_a_lease_of_a_process_that_died_expires():
