@@ -1,0 +1,159 @@
+"""The proxy's transport to nodes (``nodes.http11``) against a real HTTP server on loopback:
+keep-alive reuse, a streamed chunked body, an answer left unread dropping its connection (how
+a node learns its client left), and each failure as the httpx error callers handle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import httpx
+import pytest
+
+from nodes.http11 import NodeTransport
+
+
+class Node:
+    """A tiny HTTP/1.1 server: ``script`` says what each request gets."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+        self.connections = 0
+        self.closed_by_client = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                if not await self._answer(reader, writer):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed_by_client.set()
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False when the connection is to end."""
+        if self.script == "silent":
+            await asyncio.sleep(5)
+            return False
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Node: n1\r\n\r\n")
+        for part in (b"data: one\n\n", b"data: two\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+        if self.script == "cut":
+            return False  # closed mid-answer: no last chunk
+        if self.script == "endless":
+            with contextlib.suppress(ConnectionError):
+                while True:  # until the client goes
+                    writer.write(b"7\r\ndata: x\r\n")
+                    await writer.drain()
+                    if await _closed(reader):
+                        self.closed_by_client.set()
+                        return False
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return self.script != "close-after"
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), 0.01) == b""
+    except TimeoutError:
+        return False
+
+
+def _client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=NodeTransport(), timeout=httpx.Timeout(2.0, connect=1.0))
+
+
+async def _chat(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
+    async with client.stream("POST", f"{url}/v1/chat/completions", json={"x": 1}) as response:
+        body = b"".join([part async for part in response.aiter_raw()])
+        return response.status_code, response.headers["x-node"], body
+
+
+def test_answers_stream_whole_and_one_connection_serves_them_in_turn():
+    async def go() -> None:
+        node = Node("ok")
+        url = await node.start()
+        async with _client() as client:
+            for _ in range(3):
+                assert await _chat(client, url) == (200, "n1", b"data: one\n\ndata: two\n\n")
+        assert node.connections == 1
+
+    asyncio.run(go())
+
+
+def test_a_connection_the_node_closed_while_idle_is_not_reused():
+    async def go() -> None:
+        node = Node("close-after")
+        url = await node.start()
+        async with _client() as client:
+            assert (await _chat(client, url))[0] == 200
+            await asyncio.sleep(0.05)  # the node's FIN arrives
+            assert (await _chat(client, url))[0] == 200
+        assert node.connections == 2
+
+    asyncio.run(go())
+
+
+def test_an_answer_closed_before_its_end_drops_the_connection_so_the_node_sees_it():
+    async def go() -> None:
+        node = Node("endless")
+        url = await node.start()
+        async with _client() as client:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json={}) as response:
+                async for _ in response.aiter_raw():
+                    break
+            await asyncio.wait_for(node.closed_by_client.wait(), 2)
+            node.script = "ok"
+            assert (await _chat(client, url))[0] == 200
+        assert node.connections == 2
+
+    asyncio.run(go())
+
+
+def test_a_node_that_closes_mid_answer_is_a_remote_protocol_error():
+    async def go() -> None:
+        node = Node("cut")
+        url = await node.start()
+        async with _client() as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await _chat(client, url)
+
+    asyncio.run(go())
+
+
+def test_no_answer_within_the_read_timeout_is_a_read_timeout():
+    async def go() -> None:
+        node = Node("silent")
+        url = await node.start()
+        client = httpx.AsyncClient(transport=NodeTransport(), timeout=httpx.Timeout(0.2))
+        async with client:
+            with pytest.raises(httpx.ReadTimeout):
+                await _chat(client, url)
+
+    asyncio.run(go())
+
+
+def test_nothing_listening_is_a_connect_error():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, not listening: refused
+
+        async def go() -> None:
+            async with _client() as client:
+                with pytest.raises(httpx.ConnectError):
+                    await _chat(client, f"http://127.0.0.1:{port}")
+
+        asyncio.run(go())
