@@ -25,7 +25,7 @@ class Node:
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return "http://127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
