@@ -24,6 +24,8 @@ one's counts up to ``FLUSH_S`` late.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +58,7 @@ class MemoryLimitStore:
     thread (``ready`` says whether one is needed)."""
 
     def __init__(self) -> None:
+        atexit.register(self.flush)  # what the last FLUSH_S counted is not lost at a stop
         self._lock = threading.Lock()  # the dictionaries
         self._io = threading.Lock()  # a database read or write of the windows, one at a time
         self._counts: dict[str, int] = {}  # window key -> count (database + this process)
@@ -140,9 +143,13 @@ class MemoryLimitStore:
         with self._lock:
             if self._flush_timer is not None:
                 return
-            self._flush_timer = threading.Timer(FLUSH_S, self._writer.submit, (self._write,))
+            self._flush_timer = threading.Timer(FLUSH_S, self._submit_write)
             self._flush_timer.daemon = True
             self._flush_timer.start()
+
+    def _submit_write(self) -> None:
+        with contextlib.suppress(RuntimeError):  # exiting: the exit handler writes
+            self._writer.submit(self._write)
 
     def _write(self) -> None:
         """Write what is pending (writer thread), and forget windows whose rows expired. What
@@ -181,8 +188,14 @@ class MemoryLimitStore:
                     del self._expires[key]
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Block until everything counted so far is in the database (tests, shutdown)."""
-        self._writer.submit(self._write).result(timeout=timeout)
+        """Block until everything counted so far is in the database (tests, exit: the
+        writer thread has stopped by then, so the calling thread writes)."""
+        try:
+            written = self._writer.submit(self._write)
+        except RuntimeError:  # cannot schedule new futures after shutdown
+            self._write()
+            return
+        written.result(timeout=timeout)
 
     def clear(self) -> None:
         """Write what is pending, then forget every count and lease (tests: a new process)."""

@@ -160,8 +160,15 @@ class Recorder:
                 time.sleep(0.1 * attempt)
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Write what is queued now and wait for it (tests, exit)."""
-        self._submit().result(timeout=timeout)
+        """Write what is queued now and wait for it (tests, exit). At exit the writer thread
+        has already stopped (``concurrent.futures`` joins it before ``atexit`` handlers run):
+        then the calling thread writes."""
+        try:
+            written = self._submit()
+        except RuntimeError:  # cannot schedule new futures after shutdown
+            self._write_pending()
+            return
+        written.result(timeout=timeout)
 
 
 recorder = Recorder()
