@@ -10,7 +10,7 @@ one at a time, fresh session each, the same prompt, streamed (as ``bench/proxy_o
 
 Reported: ``added_ttft_p50_ms`` = B - A TTFT P50 (goal, a share of the proxy's 5 ms budget:
 <= 1 ms for a caller without limits, ``--no-limits``; <= 2 ms with every limit set on the
-database store, <= 1 ms on Redis), ``ratio`` = B / A decode tokens/s P50 (goal >= 0.98); then a burst of 200 one-token requests from 4 concurrent clients
+embedded array's store (SQLite: in memory, written behind), <= 1 ms on Redis), ``ratio`` = B / A decode tokens/s P50 (goal >= 0.98); then a burst of 200 one-token requests from 4 concurrent clients
 with a token limited to 60 requests per minute, started early in a UTC minute: ``admitted``
 (goal: exactly ``limit``), ``refused`` (429s, each with Retry-After) and ``counted`` (the
 burst's requests in ``/api/usage``, goal: ``admitted``).
@@ -181,7 +181,8 @@ def _report(result: dict, limited: dict, args: argparse.Namespace) -> None:
         {
             "bench": "usage",
             "quick": args.quick,
-            "limits_store": "redis" if args.redis else "database",
+            # the planes run on SQLite: the embedded array's store (limit_store_memory)
+            "limits_store": "redis" if args.redis else "memory",
             "caller_limits": "none" if args.no_limits else "all",
             **result,
             "added_ttft_p50_ms": round(added, 2),
