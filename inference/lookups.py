@@ -111,13 +111,16 @@ async def _acached(kind: str, key: str, load: Callable[[], T], ttl_s: float = TT
 async def _refresh(kind: str, key: str, load: Callable[[], Any], ttl_s: float) -> None:
     """Read an answer again ahead of its expiry; one that now fails (a token revoked, a
     package gone) is forgotten, so the next request reads it and gets the error."""
+    generation = _local["generation"]
     try:
         await db_thread(_load)(kind, key, load, ttl_s)
     except Exception:
         with _lock:
-            _entries.pop((kind, key), None)
+            if _local["generation"] == generation:  # not an entry read after a clear
+                _entries.pop((kind, key), None)
     finally:
-        _refreshing.pop((kind, key), None)
+        if _local["generation"] == generation:  # a clear forgot this read: leave the new one
+            _refreshing.pop((kind, key), None)
 
 
 def _forget() -> None:
@@ -201,9 +204,9 @@ async def arouting_policy() -> RoutingPolicy:
 
 def rollout_for(model: str) -> Any:
     """The ``routing.Rollout`` of an upgrade of ``model`` (a client-facing name) under way,
-    or None. Read each time, not cached (a compiled query of the few upgrades under way, about
-    0.1 ms, inside the routing read's own database hop): a share change reaches routing at
-    once, and no request pays for a cache that expired."""
+    or None. Read for every turn of a session, not cached (a compiled query of the few upgrades
+    under way, about 0.1 ms, inside the routing read's own database hop): a share change
+    reaches routing at once, and no request pays for a cache that expired."""
     from inference.upgrades.services import active_rollouts
 
     # an upgrade's model is the name its nodes are served as; clients ask for its family

@@ -8,16 +8,23 @@ uses too) for the protocol, keep-alive connections per address, timeouts from th
 ``timeout`` extension (``asyncio.timeout``). httpx stays the client on top (requests,
 responses, event hooks, exceptions), so callers see no difference.
 
-Errors are httpx's: ``ConnectError`` / ``ConnectTimeout`` (no connection), ``WriteError``,
-``ReadTimeout`` (no bytes within the read timeout), ``RemoteProtocolError`` (the node closed
-the connection mid-answer or spoke bad HTTP), ``ReadError`` (the connection broke). An idle
-connection the node has closed is never reused (it is dropped when taken).
+Errors are httpx's: ``ConnectError`` / ``ConnectTimeout`` (no connection), ``WriteError`` /
+``WriteTimeout`` (sending the request), ``ReadTimeout`` (no bytes within the read timeout),
+``RemoteProtocolError`` (the node closed the connection mid-answer or spoke bad HTTP),
+``ReadError`` (the connection broke). An idle
+connection is reused only while younger than ``KEEPALIVE_EXPIRY_S`` idle, when the node has not
+closed it, and when nothing followed the last answer (an answer longer than its framing, from an
+external server, would otherwise be read as the next one). Differences from httpcore: no cap on
+concurrent connections (``httpx.Limits`` does not apply to a custom transport), h11's 16 KiB
+limit on a response head, and a node that answers while the request body is still being sent
+(an early 413) surfaces as ``WriteError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import h11
@@ -25,6 +32,7 @@ import httpx
 
 READ_CHUNK = 65_536
 MAX_IDLE_PER_ADDRESS = 64
+KEEPALIVE_EXPIRY_S = 5.0  # httpx's default: well inside a node's own idle timeout (daphne: 60 s)
 
 
 class _Connection:
@@ -36,13 +44,26 @@ class _Connection:
         self.address = address
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0  # time.monotonic() when it went back to the pool
 
-    def usable(self) -> bool:
-        """True when the connection is idle and the node has not closed it."""
+    def usable(self, now: float) -> bool:
+        """True when the connection is idle, younger than ``KEEPALIVE_EXPIRY_S`` idle, and the
+        node has neither closed it nor sent anything since its last answer (stray bytes would
+        be read as the next request's answer)."""
         return (
-            not self.writer.is_closing()
+            now - self.idle_since < KEEPALIVE_EXPIRY_S
+            and not self.writer.is_closing()
             and not self.reader.at_eof()
+            and not self.reader._buffer  # asyncio's StreamReader has no public "buffered"
             and self.h11.our_state is h11.IDLE
+        )
+
+    def ended_cleanly(self) -> bool:
+        """True when request and answer are both complete and nothing followed the answer."""
+        return (
+            self.h11.our_state is h11.DONE
+            and self.h11.their_state is h11.DONE
+            and self.h11.trailing_data == (b"", False)
         )
 
     def close(self) -> None:
@@ -115,6 +136,10 @@ class NodeTransport(httpx.AsyncBaseTransport):
         conn = await self._connection(request, timeouts.get("connect"))
         try:
             await conn.send(request, timeouts.get("write"))
+        except BaseException as exc:
+            conn.close()
+            _raise_as_httpx(exc, request, writing=True)
+        try:
             event = await conn.next_event(timeouts.get("read"))
             while isinstance(event, h11.InformationalResponse):
                 event = await conn.next_event(timeouts.get("read"))
@@ -130,7 +155,10 @@ class NodeTransport(httpx.AsyncBaseTransport):
             event.status_code,
             headers=event.headers.raw_items(),
             stream=_Body(self, conn, timeouts.get("read")),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": bytes(event.reason)},
+            extensions={
+                "http_version": b"HTTP/" + bytes(event.http_version),
+                "reason_phrase": bytes(event.reason),
+            },
             request=request,
         )
 
@@ -140,12 +168,13 @@ class NodeTransport(httpx.AsyncBaseTransport):
         if request.url.scheme != "http":
             raise httpx.UnsupportedProtocol("the node transport speaks plain http", request=request)
         address = (request.url.host, request.url.port or 80)
-        idle = self._idle.get(address, [])
+        idle, now = self._idle.get(address, []), time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.usable():
+            if conn.usable(now):
                 return conn
             conn.close()
+        self._idle.pop(address, None)  # a node that went away leaves no entry behind
         try:
             async with asyncio.timeout(connect_timeout):
                 reader, writer = await asyncio.open_connection(*address, limit=READ_CHUNK * 4)
@@ -159,8 +188,9 @@ class NodeTransport(httpx.AsyncBaseTransport):
 
     def give_back(self, conn: _Connection, *, reuse: bool) -> None:
         """Keep ``conn`` for the next request when its exchange ended cleanly, else close it."""
-        if reuse and conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
+        if reuse and conn.ended_cleanly():
             conn.h11.start_next_cycle()
+            conn.idle_since = time.monotonic()
             idle = self._idle.setdefault(conn.address, [])
             if len(idle) < MAX_IDLE_PER_ADDRESS:
                 idle.append(conn)
@@ -174,17 +204,21 @@ class NodeTransport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
-def _raise_as_httpx(exc: BaseException, request: httpx.Request) -> None:
+def _raise_as_httpx(exc: BaseException, request: httpx.Request, *, writing: bool = False) -> None:
     """Raise ``exc`` as the httpx error a caller of httpx expects (cancellation and httpx's
-    own errors as they are)."""
+    own errors as they are); ``writing``: it happened while sending the request."""
     if isinstance(exc, asyncio.CancelledError | httpx.HTTPError):
         raise exc
     if isinstance(exc, TimeoutError):
-        raise httpx.ReadTimeout("no answer within the read timeout", request=request) from exc
+        timeout = httpx.WriteTimeout if writing else httpx.ReadTimeout
+        raise timeout(
+            f"no progress within the {'write' if writing else 'read'} timeout", request=request
+        ) from exc
     if isinstance(exc, h11.RemoteProtocolError):
         raise httpx.RemoteProtocolError(str(exc), request=request) from exc
     if isinstance(exc, h11.LocalProtocolError):
         raise httpx.LocalProtocolError(str(exc), request=request) from exc
     if isinstance(exc, OSError):
-        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+        error = httpx.WriteError if writing else httpx.ReadError
+        raise error(str(exc) or type(exc).__name__, request=request) from exc
     raise exc

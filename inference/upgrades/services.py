@@ -285,6 +285,6 @@ _rollout_rows = CompiledQuery(
 
 def active_rollouts() -> dict[str, Rollout]:
     """``{model: Rollout}`` of the upgrades under way, for routing new sessions. Read on the
-    proxy's hot path for every new session, so its SQL is compiled once (about 0.1 ms)."""
+    proxy's hot path for every turn of a session, so its SQL is compiled once (about 0.1 ms)."""
     rows = _rollout_rows.rows(*(str(state) for state in ROLLING))
     return {model: Rollout(old, new, share) for model, old, new, share in rows}

@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connection, transaction
@@ -58,7 +59,7 @@ class MemoryLimitStore:
     thread (``ready`` says whether one is needed)."""
 
     def __init__(self) -> None:
-        atexit.register(self.flush)  # what the last FLUSH_S counted is not lost at a stop
+        atexit.register(_flush_at_exit, weakref.ref(self))  # the last FLUSH_S is not lost
         self._lock = threading.Lock()  # the dictionaries
         self._io = threading.Lock()  # a database read or write of the windows, one at a time
         self._counts: dict[str, int] = {}  # window key -> count (database + this process)
@@ -198,9 +199,20 @@ class MemoryLimitStore:
         written.result(timeout=timeout)
 
     def clear(self) -> None:
-        """Write what is pending, then forget every count and lease (tests: a new process)."""
+        """Write what is pending, then forget every count and lease, and what could not be
+        written (tests: a new process)."""
         self.flush()
         with self._lock:
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            self._pending.clear()
             self._counts.clear()
             self._expires.clear()
             self._leases.clear()
+
+
+def _flush_at_exit(store: weakref.ref[MemoryLimitStore]) -> None:
+    kept = store()
+    if kept is not None:
+        kept.flush()

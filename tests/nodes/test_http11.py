@@ -46,6 +46,13 @@ class Node:
         if self.script == "silent":
             await asyncio.sleep(5)
             return False
+        if self.script == "overlong":  # more than its Content-Length says, then a stray answer
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Node: n1\r\n\r\nbodySTALE")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Node: n1\r\n\r\nstale")
+            await writer.drain()
+            return True
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Node: n1\r\n\r\n")
         for part in (b"data: one\n\n", b"data: two\n\n"):
             writer.write(b"%x\r\n%s\r\n" % (len(part), part))
@@ -103,6 +110,25 @@ def test_a_connection_the_node_closed_while_idle_is_not_reused():
             await asyncio.sleep(0.05)  # the node's FIN arrives
             assert (await _chat(client, url))[0] == 200
         assert node.connections == 2
+
+    asyncio.run(go())
+
+
+def test_bytes_after_an_answer_never_become_the_next_requests_answer():
+    """An external server that sends more than its framing says (or a stray answer later):
+    the connection is not reused, so the next request, maybe another caller's, gets its own."""
+
+    async def go() -> None:
+        node = Node("overlong")
+        url = await node.start()
+        async with _client() as client:
+            assert await _chat(client, url) == (200, "n1", b"body")
+            await asyncio.sleep(0.2)  # the stray answer arrives while the connection is idle
+            assert await _chat(client, url) == (200, "n1", b"body")
+            node.script = "ok"
+            await asyncio.sleep(0.2)
+            assert await _chat(client, url) == (200, "n1", b"data: one\n\ndata: two\n\n")
+        assert node.connections == 3
 
     asyncio.run(go())
 
