@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -79,8 +80,9 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
         return False
 
 
-def _client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=NodeTransport(), timeout=httpx.Timeout(2.0, connect=1.0))
+def _client(read_timeout: float = 2.0) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(read_timeout, connect=1.0)
+    return httpx.AsyncClient(transport=NodeTransport(), timeout=timeout)
 
 
 async def _chat(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
@@ -89,87 +91,80 @@ async def _chat(client: httpx.AsyncClient, url: str) -> tuple[int, str, bytes]:
         return response.status_code, response.headers["x-node"], body
 
 
-def test_answers_stream_whole_and_one_connection_serves_them_in_turn():
+def _against(script: str, steps: Callable[..., Awaitable[None]], read_timeout: float = 2.0):
+    """Run ``steps(node, url, client)`` against a ``Node`` playing ``script``; the node after."""
+    node = Node(script)
+
     async def go() -> None:
-        node = Node("ok")
         url = await node.start()
-        async with _client() as client:
-            for _ in range(3):
-                assert await _chat(client, url) == (200, "n1", b"data: one\n\ndata: two\n\n")
-        assert node.connections == 1
+        async with _client(read_timeout) as client:
+            await steps(node, url, client)
 
     asyncio.run(go())
+    return node
+
+
+WHOLE = (200, "n1", b"data: one\n\ndata: two\n\n")
+
+
+def test_answers_stream_whole_and_one_connection_serves_them_in_turn():
+    async def steps(node: Node, url: str, client: httpx.AsyncClient) -> None:
+        for _ in range(3):
+            assert await _chat(client, url) == WHOLE
+
+    assert _against("ok", steps).connections == 1
 
 
 def test_a_connection_the_node_closed_while_idle_is_not_reused():
-    async def go() -> None:
-        node = Node("close-after")
-        url = await node.start()
-        async with _client() as client:
-            assert (await _chat(client, url))[0] == 200
-            await asyncio.sleep(0.05)  # the node's FIN arrives
-            assert (await _chat(client, url))[0] == 200
-        assert node.connections == 2
+    async def steps(node: Node, url: str, client: httpx.AsyncClient) -> None:
+        assert await _chat(client, url) == WHOLE
+        await asyncio.sleep(0.05)  # the node's FIN arrives
+        assert await _chat(client, url) == WHOLE
 
-    asyncio.run(go())
+    assert _against("close-after", steps).connections == 2
 
 
 def test_bytes_after_an_answer_never_become_the_next_requests_answer():
     """An external server that sends more than its framing says (or a stray answer later):
     the connection is not reused, so the next request, maybe another caller's, gets its own."""
 
-    async def go() -> None:
-        node = Node("overlong")
-        url = await node.start()
-        async with _client() as client:
-            assert await _chat(client, url) == (200, "n1", b"body")
-            await asyncio.sleep(0.2)  # the stray answer arrives while the connection is idle
-            assert await _chat(client, url) == (200, "n1", b"body")
-            node.script = "ok"
-            await asyncio.sleep(0.2)
-            assert await _chat(client, url) == (200, "n1", b"data: one\n\ndata: two\n\n")
-        assert node.connections == 3
+    async def steps(node: Node, url: str, client: httpx.AsyncClient) -> None:
+        assert await _chat(client, url) == (200, "n1", b"body")
+        await asyncio.sleep(0.2)  # the stray answer arrives while the connection is idle
+        assert await _chat(client, url) == (200, "n1", b"body")
+        node.script = "ok"
+        await asyncio.sleep(0.2)
+        assert await _chat(client, url) == WHOLE
 
-    asyncio.run(go())
+    assert _against("overlong", steps).connections == 3
 
 
 def test_an_answer_closed_before_its_end_drops_the_connection_so_the_node_sees_it():
-    async def go() -> None:
-        node = Node("endless")
-        url = await node.start()
-        async with _client() as client:
-            async with client.stream("POST", f"{url}/v1/chat/completions", json={}) as response:
-                async for _ in response.aiter_raw():
-                    break
-            await asyncio.wait_for(node.closed_by_client.wait(), 2)
-            node.script = "ok"
-            assert (await _chat(client, url))[0] == 200
-        assert node.connections == 2
+    async def steps(node: Node, url: str, client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json={}) as response:
+            async for _ in response.aiter_raw():
+                break
+        await asyncio.wait_for(node.closed_by_client.wait(), 2)
+        node.script = "ok"
+        assert await _chat(client, url) == WHOLE
 
-    asyncio.run(go())
+    assert _against("endless", steps).connections == 2
 
 
 def test_a_node_that_closes_mid_answer_is_a_remote_protocol_error():
-    async def go() -> None:
-        node = Node("cut")
-        url = await node.start()
-        async with _client() as client:
-            with pytest.raises(httpx.RemoteProtocolError):
-                await _chat(client, url)
+    async def steps(node: Node, url: str, client: httpx.AsyncClient) -> None:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await _chat(client, url)
 
-    asyncio.run(go())
+    _against("cut", steps)
 
 
 def test_no_answer_within_the_read_timeout_is_a_read_timeout():
-    async def go() -> None:
-        node = Node("silent")
-        url = await node.start()
-        client = httpx.AsyncClient(transport=NodeTransport(), timeout=httpx.Timeout(0.2))
-        async with client:
-            with pytest.raises(httpx.ReadTimeout):
-                await _chat(client, url)
+    async def steps(node: Node, url: str, client: httpx.AsyncClient) -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            await _chat(client, url)
 
-    asyncio.run(go())
+    _against("silent", steps, read_timeout=0.2)
 
 
 def test_nothing_listening_is_a_connect_error():
