@@ -25,14 +25,13 @@ one's counts up to ``FLUSH_S`` late.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connection, transaction
 
+from console.lib.write_behind import WriteBehind
 from inference.models import RateWindow
 from inference.usage.limit_store_db import WINDOWED, window_add
 from inference.usage.quotas import Limits
@@ -66,8 +65,7 @@ class MemoryLimitStore:
         self._expires: dict[str, float] = {}  # window key -> epoch s its row expires
         self._pending: dict[str, int] = {}  # window key -> amount not yet written
         self._leases: dict[str, dict[str, float]] = {}  # caller -> {lease: expires epoch s}
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="limit-writer")
-        self._flush_timer: threading.Timer | None = None
+        self._writer = WriteBehind(self._write, FLUSH_S, "limit-writer")
 
     def ready(self, keys: dict[str, str]) -> bool:
         """True when every window of ``keys`` is in memory (``admit`` reads no database)."""
@@ -105,7 +103,7 @@ class MemoryLimitStore:
                 self._add(keys["requests_per_minute"], 1)
             if lease:
                 leases[lease] = now + LEASE_S
-        self._flush_soon()
+        self._writer.soon()
         return ""
 
     def _live_leases(self, caller: str, now: float) -> dict[str, float]:
@@ -130,7 +128,7 @@ class MemoryLimitStore:
                 caller = keys["concurrent_sessions"].rsplit(":", 1)[0]
                 self._leases.get(caller, {}).pop(lease, None)
         if tokens:
-            self._flush_soon()
+            self._writer.soon()
 
     def counts(self, keys: dict[str, str], now: float) -> dict[str, int]:
         if not self.ready(keys):
@@ -140,25 +138,11 @@ class MemoryLimitStore:
             counts = {n: self._counts.get(keys[n], 0) for n in WINDOWED}
             return {**counts, "concurrent_sessions": len(self._live_leases(caller, now))}
 
-    def _flush_soon(self) -> None:
-        with self._lock:
-            if self._flush_timer is not None:
-                return
-            self._flush_timer = threading.Timer(FLUSH_S, self._submit_write)
-            self._flush_timer.daemon = True
-            self._flush_timer.start()
-
-    def _submit_write(self) -> None:
-        with contextlib.suppress(RuntimeError):  # exiting: the exit handler writes
-            self._writer.submit(self._write)
-
     def _write(self) -> None:
         """Write what is pending (writer thread), and forget windows whose rows expired. What
         was written leaves ``_pending`` only once committed (a read meanwhile waits)."""
         from inference.usage.limits import clock
 
-        with self._lock:
-            self._flush_timer = None
         with self._io:
             with self._lock:
                 pending = dict(self._pending)
@@ -172,7 +156,7 @@ class MemoryLimitStore:
             except Exception:
                 log.exception("could not write %d rate-limit counts; trying again", len(pending))
                 connection.close()
-                self._flush_soon()
+                self._writer.soon()
                 return
             with self._lock:
                 for key, amount in pending.items():
@@ -189,23 +173,15 @@ class MemoryLimitStore:
                     del self._expires[key]
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Block until everything counted so far is in the database (tests, exit: the
-        writer thread has stopped by then, so the calling thread writes)."""
-        try:
-            written = self._writer.submit(self._write)
-        except RuntimeError:  # cannot schedule new futures after shutdown
-            self._write()
-            return
-        written.result(timeout=timeout)
+        """Block until everything counted so far is in the database (tests, exit)."""
+        self._writer.now(timeout)
 
     def clear(self) -> None:
         """Write what is pending, then forget every count and lease, and what could not be
         written (tests: a new process)."""
         self.flush()
+        self._writer.cancel()
         with self._lock:
-            if self._flush_timer is not None:
-                self._flush_timer.cancel()
-                self._flush_timer = None
             self._pending.clear()
             self._counts.clear()
             self._expires.clear()

@@ -15,7 +15,6 @@ import atexit
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -23,6 +22,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.lib.write_behind import WriteBehind
 from inference.models import InflightLease, RateWindow, UsageMinute, UsageTurn
 from inference.usage.models import COUNTERS, SECONDS
 
@@ -126,26 +126,17 @@ class Recorder:
     def __init__(self) -> None:
         self._pending: list[Turn] = []
         self._lock = threading.Lock()
-        self._scheduled = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-writer")
+        self._writer = WriteBehind(self._write_pending, FLUSH_S, "usage-writer")
 
     def record(self, turn: Turn) -> None:
         """Queue ``turn``; written within ``FLUSH_S`` seconds. Constant time, any thread."""
         with self._lock:
             self._pending.append(turn)
-            if self._scheduled:
-                return
-            self._scheduled = True
-        timer = threading.Timer(FLUSH_S, self._submit)
-        timer.daemon = True
-        timer.start()
-
-    def _submit(self) -> Future[None]:
-        return self._executor.submit(self._write_pending)
+        self._writer.soon()
 
     def _write_pending(self) -> None:
         with self._lock:
-            turns, self._pending, self._scheduled = self._pending, [], False
+            turns, self._pending = self._pending, []
         if not turns:
             return
         for attempt in range(1, WRITE_TRIES + 1):
@@ -160,15 +151,8 @@ class Recorder:
                 time.sleep(0.1 * attempt)
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Write what is queued now and wait for it (tests, exit). At exit the writer thread
-        has already stopped (``concurrent.futures`` joins it before ``atexit`` handlers run):
-        then the calling thread writes."""
-        try:
-            written = self._submit()
-        except RuntimeError:  # cannot schedule new futures after shutdown
-            self._write_pending()
-            return
-        written.result(timeout=timeout)
+        """Write what is queued now and wait for it (tests, exit)."""
+        self._writer.now(timeout)
 
 
 recorder = Recorder()
