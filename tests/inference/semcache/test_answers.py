@@ -69,7 +69,8 @@ async def ask(token: str, question: str, cache: str | None = "use", **extra):
 async def stored(count: int = 1) -> None:
     """Wait for the answer the proxy stores after its response went out."""
     for _ in range(100):
-        sizes = await sync_to_async(service.the_cache().store.sizes)()
+        # the_cache() may read the database (its encoder is cached 2 s): in the thread too
+        sizes = await sync_to_async(lambda: service.the_cache().store.sizes())()
         if sum(sizes.values()) >= count:
             return
         await asyncio.sleep(0.05)
