@@ -53,6 +53,8 @@ class DecodeStep:
         batch.clear()
         to_sample: list[tuple[Request, int]] = []
         decoding = [r for r in self._active if not r.prefilling]
+        self.stats.decode_fill_tokens_total += len(decoding)
+        self.stats.decode_fill_cells_total += sum(len(r.seq.tokens) for r in decoding)
         drafts = self._drafts(decoding)
         verify: list[tuple[Request, list[int], list[int]]] = []
         for req in decoding:

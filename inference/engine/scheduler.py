@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # A queued request waits for an in-flight prefill when it would share at least this many more
 # tokens with it than with anything cached (one prefill chunk is about 1 s on two cores).
 SHARE_WAIT_MIN_TOKENS = 64
+TRAFFIC_SAVE_S = 300.0  # how often the decode fill goes to tuning.remember_traffic while serving
 # Under speculate "auto" a node drafts only when decoding 1 + MAX_DRAFT tokens of a sequence
 # costs at most this many one-token steps: a draft accepted half the time then pays.
 DRAFT_MAX_STEP_COST = 1 + MAX_DRAFT / 2
@@ -64,6 +65,8 @@ class Engine(DecodeStep):
         self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
         self.drafting = False  # decided at load
         self.tuning: tuning.Tuning | None = None  # set at load when settings were measured
+        self._traffic_shape: ContextShape | None = None  # the shape the settings were timed for
+        self._traffic_saved = (0, 0, time.monotonic())  # decode fill tokens, cells handed on; when
         self.prefixes: warm.PrefixKeeper | None = None  # the shelf of shared prefixes
         self.warm: dict[str, Any] = {}  # how the start went (_warm_start): /health's "warm"
 
@@ -168,6 +171,7 @@ class Engine(DecodeStep):
             kv_type=cfg.kv_type,
             flash_attn=self._flash_attn_choice(),
         )
+        self._traffic_shape = shape
         shape = self._tuned(shape, tuning.candidates(cfg.kv_unified, shape.flash_attn))
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
@@ -290,9 +294,24 @@ class Engine(DecodeStep):
             self._admit()
             if self._active:
                 self._step()
+            if time.monotonic() - self._traffic_saved[2] > TRAFFIC_SAVE_S:
+                self._remember_traffic()
         self._shutdown()
 
+    def _remember_traffic(self) -> None:
+        """Hand the decode fill seen since the last call to ``tuning.remember_traffic`` (at
+        stop, and every ``TRAFFIC_SAVE_S`` seconds: a killed node loses little)."""
+        tokens, cells = self.stats.decode_fill_tokens_total, self.stats.decode_fill_cells_total
+        saved_tokens, saved_cells, _ = self._traffic_saved
+        if self._traffic_shape is not None and tokens - saved_tokens >= tuning.TRAFFIC_MIN_TOKENS:
+            tuning.remember_traffic(
+                self.model, self._traffic_shape, cells - saved_cells, tokens - saved_tokens
+            )
+            saved_tokens, saved_cells = tokens, cells
+        self._traffic_saved = (saved_tokens, saved_cells, time.monotonic())
+
     def _shutdown(self) -> None:
+        self._remember_traffic()
         for req in list(self._active):
             self._finish(req, "cancelled")
         if self.prefixes:

@@ -53,6 +53,10 @@ class EngineStats:
     draft_accepted_total: int = 0
     step_seconds_total: float = 0.0  # decode steps' wall time
     step_llama_seconds_total: float = 0.0  # of which inside llama.cpp (decode, sampling)
+    # decoded tokens and the cells their sequences held (their mean: where decode runs, which
+    # the next start's timing of the settings follows: tuning.remember_traffic)
+    decode_fill_tokens_total: int = 0
+    decode_fill_cells_total: int = 0
     prefill_rate: RateWindow = field(default_factory=RateWindow)
     decode_rate: RateWindow = field(default_factory=RateWindow)
     prefill_speed: SpeedMeter = field(default_factory=SpeedMeter)

@@ -4,8 +4,9 @@
 cells; with a unified buffer every token attends to all used cells under a mask, but a step's
 small matrix products run as one bigger one and prefixes are shared without a copy.
 
-**Flash attention.** On these AVX2 CPUs llama.cpp's flash-attention kernel decodes 1.45-1.76x
-slower at agent context lengths (``bench/kv_settings.py``), on other CPUs it is the faster one.
+**Flash attention.** On these AVX2 CPUs llama.cpp's flash-attention kernel decodes 1.2-1.5x
+slower at agent context lengths (1,000 cells and more a sequence, ``bench/kv_settings.py``) but
+1.1-1.4x faster below about 512 cells; on other CPUs it is the faster one throughout.
 Without it a prompt whose prefix came from the KV cache is computed in another shape than a
 full prefill, so a near-tie can pick another token; a node started ``--repeatable`` keeps it
 on and is not offered the choice (``candidates``).
@@ -13,7 +14,9 @@ on and is not offered the choice (``candidates``).
 Which is faster depends on the CPU, the model, the thread count, the sequence count and how
 full the sequences are (docs/engine.md has figures), so ``measure`` times a decode step of one
 token per sequence with every sequence holding ``fill`` cells under each candidate setting,
-and the fastest wins. The sequences are filled by loading a tiled state (``kv_blob.tile``)
+and the fastest wins. ``fill`` follows the node's traffic: the mean cells a decoded token's
+sequence held when this model and shape last served (``remember_traffic``, kept beside the
+timings), half a sequence before anything was served. The sequences are filled by loading a tiled state (``kv_blob.tile``)
 instead of prefilling them, so a candidate takes a second or less, and the result is kept in a
 small JSON file per machine (``cache_path``), keyed by everything that decides it (llama.cpp's
 version included); delete the file to measure again (a measurement taken on a busy machine
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -71,9 +75,48 @@ def candidates(unified: bool | None, flash_attn: str) -> list[Setting]:
 
 
 def default_fill(ctx_per_seq: int) -> int:
-    """Cells per sequence to time at: half of a sequence (a session's mean fill over a life
-    that ends with the sequence full), at least 64."""
+    """Cells per sequence to time at when the node's traffic is not known yet: half of a
+    sequence (a session's mean fill over a life that ends with the sequence full), at least 64."""
     return max(64, ctx_per_seq // 2)
+
+
+def fill_for(model: LlamaModel, shape: ContextShape) -> int:
+    """Cells per sequence to time at: where this node's decode steps ran last time (the mean
+    cells a decoded token's sequence held, ``remember_traffic``) rounded to a power of two
+    between 64 and half a sequence, else ``default_fill``. The setting that wins differs on
+    either side of a crossover (docs/engine.md: flash attention on below about 512 cells
+    here, off above), so a node that serves short chats and one that serves long agent
+    sessions should not be timed alike."""
+    seen = TRAFFIC.entries().get(_traffic_key(model, shape))
+    try:
+        mean = seen["cells"] / seen["tokens"]
+    except (TypeError, KeyError, ZeroDivisionError):
+        return default_fill(shape.ctx_per_seq)
+    return fill_bucket(mean, shape.ctx_per_seq)
+
+
+def fill_bucket(mean_cells: float, ctx_per_seq: int) -> int:
+    """``mean_cells`` rounded to the nearest power of two (in log scale), within 64 and
+    ``default_fill`` (so the cache file holds a few fills, not one a restart)."""
+    nearest = 2 ** round(math.log2(max(mean_cells, 1.0)))
+    return int(min(max(64, nearest), default_fill(ctx_per_seq)))
+
+
+def remember_traffic(model: LlamaModel, shape: ContextShape, cells: int, tokens: int) -> None:
+    """Add ``tokens`` decoded tokens whose sequences held ``cells`` cells in all to what this
+    machine remembers of ``shape``'s traffic; what was remembered before counts half (the
+    traffic of the latest runs weighs most). Fewer than ``TRAFFIC_MIN_TOKENS`` change nothing
+    (a node started and stopped at once says nothing of its traffic)."""
+    if tokens < TRAFFIC_MIN_TOKENS:
+        return
+    key = _traffic_key(model, shape)
+    before = TRAFFIC.entries().get(key)
+    if not isinstance(before, dict) or not before.get("tokens"):
+        before = {"cells": 0, "tokens": 0}
+    TRAFFIC.put(
+        key,
+        {"cells": before["cells"] // 2 + cells, "tokens": before["tokens"] // 2 + tokens},
+    )
 
 
 def cache_path() -> Path:
@@ -89,7 +132,7 @@ def choose(
     or the model's state cannot be tiled (``kv_blob``)."""
     if not settings:
         raise ValueError("no setting to choose from")
-    fill = fill or default_fill(shape.ctx_per_seq)
+    fill = fill or fill_for(model, shape)
     key = _key(model, shape, settings, fill)
     cached = CACHE.entries().get(key)
     try:
@@ -138,11 +181,20 @@ def step_ms(model: LlamaModel, shape: ContextShape, fill: int) -> float:
 
 
 def _key(model: LlamaModel, shape: ContextShape, settings: list[Setting], fill: int) -> str:
+    what = [*_machine_and_shape(model, shape), [s.name for s in settings], fill]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _traffic_key(model: LlamaModel, shape: ContextShape) -> str:
+    what = _machine_and_shape(model, shape)
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _machine_and_shape(model: LlamaModel, shape: ContextShape) -> list:
     stat = os.stat(model.path)
     neutral = asdict(replace(shape, kv_unified=False, flash_attn="auto"))
-    what = [model.path, stat.st_size, int(stat.st_mtime), neutral, [s.name for s in settings]]
-    what += [fill, os.cpu_count(), cpu_model(), llama_cpp.__version__]
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    what = [model.path, stat.st_size, int(stat.st_mtime), neutral]
+    return [*what, os.cpu_count(), cpu_model(), llama_cpp.__version__]
 
 
 def cpu_model() -> str:
@@ -189,3 +241,5 @@ class MeasuredCache:
 
 
 CACHE = MeasuredCache("load-tuning.json")
+TRAFFIC = MeasuredCache("decode-fill.json")  # per model and shape: {"cells", "tokens"}
+TRAFFIC_MIN_TOKENS = 256

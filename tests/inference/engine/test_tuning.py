@@ -111,3 +111,53 @@ def test_settings_that_cannot_be_timed_fall_back_to_split_with_flash_attention(
         assert snap["kv_settings"]["flash_attn"] == "enabled"
     finally:
         engine.stop()
+
+
+def test_the_next_start_times_the_settings_where_this_nodes_decode_ran(
+    tmp_path, monkeypatch
+) -> None:
+    """A node that served short chats is timed at their fill at its next start, not at half a
+    sequence (the setting that wins differs: docs/engine.md)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    shape = {"sequences": 2, "ctx_per_seq": 1024, "kv_unified": None, "repeatable": False}
+    engine = make_engine(**shape)
+    try:
+        assert engine.snapshot()["tuning"]["fill"] == 512  # nothing served yet: half a sequence
+        driver = EngineDriver(engine)
+        runs = [
+            driver.submit([{"role": "user", "content": f"Story {i} about a fox."}], max_tokens=80)
+            for i in range(4)
+        ]
+        done = [run.wait()[1] for run in runs]
+        decoded = sum(f.completion_tokens for f in done)
+        assert decoded >= tuning.TRAFFIC_MIN_TOKENS
+        stats = engine.stats
+        mean = stats.decode_fill_cells_total / stats.decode_fill_tokens_total
+        assert 30 < mean < 150  # a short prompt and what followed it
+    finally:
+        engine.stop()
+    engine = make_engine(**shape)
+    try:
+        timed = engine.snapshot()["tuning"]
+        assert timed["fill"] == tuning.fill_bucket(mean, 1024) < 512 and timed["measured"]
+    finally:
+        engine.stop()
+
+
+def test_the_remembered_traffic_weighs_the_latest_runs_most(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = LlamaModel(str(bundled_model_path()))
+    try:
+        shape = ContextShape(4, 2048, threads=2)
+        assert tuning.fill_for(model, shape) == 1024
+        tuning.remember_traffic(model, shape, cells=100 * 255, tokens=255)  # too few: nothing
+        assert tuning.fill_for(model, shape) == 1024
+        tuning.remember_traffic(model, shape, cells=100 * 1000, tokens=1000)
+        assert tuning.fill_for(model, shape) == 128  # 100 cells: 2**7 is the nearest
+        tuning.remember_traffic(model, shape, cells=1500 * 1000, tokens=1000)
+        # (500 + 1000) tokens, (50,000 + 1,500,000) cells: a mean of 1,033, capped at half
+        assert tuning.fill_for(model, shape) == 1024
+        assert tuning.fill_for(model, ContextShape(2, 2048, threads=2)) == 1024  # another shape
+    finally:
+        model.close()
+    assert [tuning.fill_bucket(m, 2048) for m in (1, 90, 91, 300, 5000)] == [64, 64, 128, 256, 1024]
