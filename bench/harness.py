@@ -8,6 +8,7 @@ import math
 import os
 import secrets
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,12 @@ os.environ.setdefault("PHALANX_NODE_SECRET", secrets.token_hex(16))
 # Nodes keep no shared prefixes on disk unless a benchmark gives them a shelf
 # (bench/warm_start.py): a prefix an earlier run saved would warm this run's first turns.
 os.environ.setdefault("PHALANX_PREFIX_DIR", "")
+# Engines and nodes started here time their settings as at a first start (half a sequence:
+# inference.engine.tuning.fill_for), not where another run's or the array's traffic decoded:
+# each run starts from no decode-fill history of its own.
+os.environ.setdefault(
+    "PHALANX_DECODE_FILL_FILE", str(Path(tempfile.mkdtemp(prefix="phalanx-bench-")) / "fill.json")
+)
 
 from tests.support.processes import (  # noqa: E402
     Proc,

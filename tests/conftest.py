@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,12 @@ os.environ.setdefault("PHALANX_REPEATABLE", "1")
 # `manage.py up` in the tests serves the bundled file as it is: the chain that builds, gates and
 # rolls out the fastest type here (inference.packages.serving_default) has tests of its own.
 os.environ.setdefault("PHALANX_SERVING_TYPE", "bundled")
+# Engines and nodes the tests start keep their decode-fill history (where their decode ran,
+# which the next start's timing of the KV settings follows) in a file of this run's, not in
+# the machine's ~/.cache/phalanx/decode-fill.json that a real node on this machine reads.
+os.environ.setdefault(
+    "PHALANX_DECODE_FILL_FILE", str(Path(tempfile.mkdtemp(prefix="phalanx-tests-")) / "fill.json")
+)
 
 
 @pytest.fixture(autouse=True)

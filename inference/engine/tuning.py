@@ -213,11 +213,14 @@ class MeasuredCache:
     so a reader never sees half a file. A file that cannot be read is empty; one that cannot
     be written is not (a read-only home measures again next time)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, path_env: str = "") -> None:
         self.name = name
+        self.path_env = path_env  # an environment variable that, when set, names the file
 
     @property
     def path(self) -> Path:
+        if self.path_env and os.environ.get(self.path_env):
+            return Path(os.environ[self.path_env])
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         return Path(base) / "phalanx" / self.name
 
@@ -241,5 +244,7 @@ class MeasuredCache:
 
 
 CACHE = MeasuredCache("load-tuning.json")
-TRAFFIC = MeasuredCache("decode-fill.json")  # per model and shape: {"cells", "tokens"}
+# per model and shape: {"cells", "tokens"}; PHALANX_DECODE_FILL_FILE names another file (the
+# benchmarks start each run from none: bench/harness.py)
+TRAFFIC = MeasuredCache("decode-fill.json", path_env="PHALANX_DECODE_FILL_FILE")
 TRAFFIC_MIN_TOKENS = 256

@@ -13,8 +13,14 @@ from tests.support.processes import bundled_model_path
 pytestmark = pytest.mark.model
 
 
-def test_it_picks_the_fastest_setting_and_remembers_it(tmp_path, monkeypatch) -> None:
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch) -> None:
+    """This test's own timings and decode-fill history (none measured before it)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("PHALANX_DECODE_FILL_FILE", raising=False)
+
+
+def test_it_picks_the_fastest_setting_and_remembers_it() -> None:
     model = LlamaModel(str(bundled_model_path()))
     try:
         shape = ContextShape(4, 512, threads=2)
@@ -42,8 +48,7 @@ def test_it_picks_the_fastest_setting_and_remembers_it(tmp_path, monkeypatch) ->
         model.close()
 
 
-def test_an_engine_left_to_choose_sets_up_what_it_measured(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_an_engine_left_to_choose_sets_up_what_it_measured() -> None:
     engine = make_engine(sequences=2, ctx_per_seq=256, kv_unified=None, repeatable=False)
     try:
         snap = engine.snapshot()
@@ -70,10 +75,7 @@ def test_an_engine_left_to_choose_sets_up_what_it_measured(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("why", [{"repeatable": True}, {"kv_type": "q8_0"}])
-def test_repeatable_or_a_quantized_cache_keeps_flash_attention_on(
-    why, tmp_path, monkeypatch
-) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_repeatable_or_a_quantized_cache_keeps_flash_attention_on(why) -> None:
     engine = make_engine(
         sequences=2, ctx_per_seq=256, kv_unified=None, **{"repeatable": False, **why}
     )
@@ -85,8 +87,7 @@ def test_repeatable_or_a_quantized_cache_keeps_flash_attention_on(
         engine.stop()
 
 
-def test_a_cache_file_it_cannot_use_is_measured_again(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_a_cache_file_it_cannot_use_is_measured_again() -> None:
     tuning.cache_path().parent.mkdir(parents=True)
     tuning.cache_path().write_text("[1, 2]")
     model = LlamaModel(str(bundled_model_path()))
@@ -98,7 +99,7 @@ def test_a_cache_file_it_cannot_use_is_measured_again(tmp_path, monkeypatch) -> 
 
 
 def test_settings_that_cannot_be_timed_fall_back_to_split_with_flash_attention(
-    tmp_path, monkeypatch
+    monkeypatch,
 ) -> None:
     def cannot(*args, **kwargs):
         raise kv_blob.UnsplittableState("2048 bytes after the state (a second cache?)")
@@ -113,12 +114,9 @@ def test_settings_that_cannot_be_timed_fall_back_to_split_with_flash_attention(
         engine.stop()
 
 
-def test_the_next_start_times_the_settings_where_this_nodes_decode_ran(
-    tmp_path, monkeypatch
-) -> None:
+def test_the_next_start_times_the_settings_where_this_nodes_decode_ran() -> None:
     """A node that served short chats is timed at their fill at its next start, not at half a
     sequence (the setting that wins differs: docs/engine.md)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     shape = {"sequences": 2, "ctx_per_seq": 1024, "kv_unified": None, "repeatable": False}
     engine = make_engine(**shape)
     try:
@@ -144,8 +142,7 @@ def test_the_next_start_times_the_settings_where_this_nodes_decode_ran(
         engine.stop()
 
 
-def test_the_remembered_traffic_weighs_the_latest_runs_most(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_the_remembered_traffic_weighs_the_latest_runs_most() -> None:
     model = LlamaModel(str(bundled_model_path()))
     try:
         shape = ContextShape(4, 2048, threads=2)
