@@ -66,7 +66,8 @@ class Engine(DecodeStep):
         self.drafting = False  # decided at load
         self.tuning: tuning.Tuning | None = None  # set at load when settings were measured
         self._traffic_shape: ContextShape | None = None  # the shape the settings were timed for
-        self._traffic_saved = (0, 0, time.monotonic())  # decode fill tokens, cells handed on; when
+        self._traffic_before = (0, 0)  # the decode fill remembered when it loaded (cells, tokens)
+        self._traffic_saved = (0, time.monotonic())  # decode fill tokens handed on; when
         self.prefixes: warm.PrefixKeeper | None = None  # the shelf of shared prefixes
         self.warm: dict[str, Any] = {}  # how the start went (_warm_start): /health's "warm"
 
@@ -172,6 +173,7 @@ class Engine(DecodeStep):
             flash_attn=self._flash_attn_choice(),
         )
         self._traffic_shape = shape
+        self._traffic_before = tuning.remembered_traffic(self.model, shape)
         shape = self._tuned(shape, tuning.candidates(cfg.kv_unified, shape.flash_attn))
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
@@ -294,21 +296,26 @@ class Engine(DecodeStep):
             self._admit()
             if self._active:
                 self._step()
-            if time.monotonic() - self._traffic_saved[2] > TRAFFIC_SAVE_S:
-                self._remember_traffic()
+            if not self._active or time.monotonic() - self._traffic_saved[1] > TRAFFIC_SAVE_S:
+                self._remember_traffic()  # gone idle, or a while since the last time
         self._shutdown()
 
     def _remember_traffic(self) -> None:
-        """Hand the decode fill seen since the last call to ``tuning.remember_traffic`` (at
-        stop, and every ``TRAFFIC_SAVE_S`` seconds: a killed node loses little)."""
-        tokens, cells = self.stats.decode_fill_tokens_total, self.stats.decode_fill_cells_total
-        saved_tokens, saved_cells, _ = self._traffic_saved
-        if self._traffic_shape is not None and tokens - saved_tokens >= tuning.TRAFFIC_MIN_TOKENS:
-            tuning.remember_traffic(
-                self.model, self._traffic_shape, cells - saved_cells, tokens - saved_tokens
-            )
-            saved_tokens, saved_cells = tokens, cells
-        self._traffic_saved = (saved_tokens, saved_cells, time.monotonic())
+        """Hand this run's decode fill to ``tuning.remember_traffic`` when it grew by
+        ``TRAFFIC_MIN_TOKENS`` since the last time (when the engine goes idle, every
+        ``TRAFFIC_SAVE_S`` seconds while it is busy, and at stop: a killed node loses little).
+        Never raises: the file is a hint for the next start, not worth a request."""
+        tokens, saved = self.stats.decode_fill_tokens_total, self._traffic_saved[0]
+        if self._traffic_shape is not None and tokens - saved >= tuning.TRAFFIC_MIN_TOKENS:
+            cells = self.stats.decode_fill_cells_total
+            try:
+                tuning.remember_traffic(
+                    self.model, self._traffic_shape, self._traffic_before, cells, tokens
+                )
+            except Exception:  # noqa: BLE001 - the model file gone, say: logged, serving goes on
+                log.warning("decode fill not remembered", exc_info=True)
+            saved = tokens
+        self._traffic_saved = (saved, time.monotonic())
 
     def _shutdown(self) -> None:
         self._remember_traffic()

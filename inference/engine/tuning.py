@@ -30,6 +30,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -81,42 +82,49 @@ def default_fill(ctx_per_seq: int) -> int:
 
 
 def fill_for(model: LlamaModel, shape: ContextShape) -> int:
-    """Cells per sequence to time at: where this node's decode steps ran last time (the mean
+    """Cells per sequence to time at: where this node's decode steps ran before (the mean
     cells a decoded token's sequence held, ``remember_traffic``) rounded to a power of two
     between 64 and half a sequence, else ``default_fill``. The setting that wins differs on
     either side of a crossover (docs/engine.md: flash attention on below about 512 cells
     here, off above), so a node that serves short chats and one that serves long agent
     sessions should not be timed alike."""
-    seen = TRAFFIC.entries().get(_traffic_key(model, shape))
-    try:
-        mean = seen["cells"] / seen["tokens"]
-    except (TypeError, KeyError, ZeroDivisionError):
+    cells, tokens = remembered_traffic(model, shape)
+    if not tokens:
         return default_fill(shape.ctx_per_seq)
-    return fill_bucket(mean, shape.ctx_per_seq)
+    return fill_bucket(cells / tokens, shape.ctx_per_seq)
 
 
 def fill_bucket(mean_cells: float, ctx_per_seq: int) -> int:
     """``mean_cells`` rounded to the nearest power of two (in log scale), within 64 and
     ``default_fill`` (so the cache file holds a few fills, not one a restart)."""
-    nearest = 2 ** round(math.log2(max(mean_cells, 1.0)))
+    nearest = 2 ** round(math.log2(min(max(mean_cells, 1.0), float(ctx_per_seq))))
     return int(min(max(64, nearest), default_fill(ctx_per_seq)))
 
 
-def remember_traffic(model: LlamaModel, shape: ContextShape, cells: int, tokens: int) -> None:
-    """Add ``tokens`` decoded tokens whose sequences held ``cells`` cells in all to what this
-    machine remembers of ``shape``'s traffic; what was remembered before counts half (the
-    traffic of the latest runs weighs most). Fewer than ``TRAFFIC_MIN_TOKENS`` change nothing
-    (a node started and stopped at once says nothing of its traffic)."""
+def remembered_traffic(model: LlamaModel, shape: ContextShape) -> tuple[int, int]:
+    """``(cells, tokens)`` remembered for ``shape`` on this machine; ``(0, 0)`` when none (or
+    an entry that is not two integers from 0 to 2**53)."""
+    seen = TRAFFIC.entries().get(_traffic_key(model, shape))
+    if not isinstance(seen, dict):
+        return 0, 0
+    cells, tokens = seen.get("cells"), seen.get("tokens")
+    if not all(isinstance(n, int) and 0 <= n < 2**53 for n in (cells, tokens)):
+        return 0, 0
+    return cells, tokens
+
+
+def remember_traffic(
+    model: LlamaModel, shape: ContextShape, before: tuple[int, int], cells: int, tokens: int
+) -> None:
+    """Remember for ``shape`` what was remembered at this run's start (``before``, from
+    ``remembered_traffic``) at half its weight, plus this run's ``tokens`` decoded tokens whose
+    sequences held ``cells`` cells in all (the latest run weighs most). A run of fewer than
+    ``TRAFFIC_MIN_TOKENS`` changes nothing (a node started and stopped at once says nothing of
+    its traffic)."""
     if tokens < TRAFFIC_MIN_TOKENS:
         return
-    key = _traffic_key(model, shape)
-    before = TRAFFIC.entries().get(key)
-    if not isinstance(before, dict) or not before.get("tokens"):
-        before = {"cells": 0, "tokens": 0}
-    TRAFFIC.put(
-        key,
-        {"cells": before["cells"] // 2 + cells, "tokens": before["tokens"] // 2 + tokens},
-    )
+    entry = {"cells": before[0] // 2 + cells, "tokens": before[1] // 2 + tokens}
+    TRAFFIC.put(_traffic_key(model, shape), entry)
 
 
 def cache_path() -> Path:
@@ -236,7 +244,7 @@ class MeasuredCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             entries = {**self.entries(), key: value}
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(entries, indent=1))
             tmp.replace(path)
         except OSError:

@@ -322,4 +322,4 @@ class Command(BaseCommand):
             ).run()
         finally:
             stop_watch.set()
-            engine.stop()
+            app.engine.stop()  # the engine served now (a package switch retired the first)
