@@ -65,7 +65,7 @@ class Engine(DecodeStep):
         self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
         self.drafting = False  # decided at load
         self.tuning: tuning.Tuning | None = None  # set at load when settings were measured
-        self._traffic_shape: ContextShape | None = None  # the shape the settings were timed for
+        self._traffic_key = ""  # of the shape the settings were timed for (tuning.traffic_key)
         self._traffic_before = (0, 0)  # the decode fill remembered when it loaded (cells, tokens)
         self._traffic_saved = (0, time.monotonic())  # decode fill tokens handed on; when
         self.prefixes: warm.PrefixKeeper | None = None  # the shelf of shared prefixes
@@ -172,8 +172,8 @@ class Engine(DecodeStep):
             kv_type=cfg.kv_type,
             flash_attn=self._flash_attn_choice(),
         )
-        self._traffic_shape = shape
-        self._traffic_before = tuning.remembered_traffic(self.model, shape)
+        self._traffic_key = tuning.traffic_key(self.model, shape)
+        self._traffic_before = tuning.remembered_traffic(self._traffic_key)
         shape = self._tuned(shape, tuning.candidates(cfg.kv_unified, shape.flash_attn))
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
@@ -303,17 +303,11 @@ class Engine(DecodeStep):
     def _remember_traffic(self) -> None:
         """Hand this run's decode fill to ``tuning.remember_traffic`` when it grew by
         ``TRAFFIC_MIN_TOKENS`` since the last time (when the engine goes idle, every
-        ``TRAFFIC_SAVE_S`` seconds while it is busy, and at stop: a killed node loses little).
-        Never raises: the file is a hint for the next start, not worth a request."""
+        ``TRAFFIC_SAVE_S`` seconds while it is busy, and at stop: a killed node loses little)."""
         tokens, saved = self.stats.decode_fill_tokens_total, self._traffic_saved[0]
-        if self._traffic_shape is not None and tokens - saved >= tuning.TRAFFIC_MIN_TOKENS:
+        if self._traffic_key and tokens - saved >= tuning.TRAFFIC_MIN_TOKENS:
             cells = self.stats.decode_fill_cells_total
-            try:
-                tuning.remember_traffic(
-                    self.model, self._traffic_shape, self._traffic_before, cells, tokens
-                )
-            except Exception:  # noqa: BLE001 - the model file gone, say: logged, serving goes on
-                log.warning("decode fill not remembered", exc_info=True)
+            tuning.remember_traffic(self._traffic_key, self._traffic_before, cells, tokens)
             saved = tokens
         self._traffic_saved = (saved, time.monotonic())
 

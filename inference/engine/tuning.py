@@ -16,8 +16,8 @@ full the sequences are (docs/engine.md has figures), so ``measure`` times a deco
 token per sequence with every sequence holding ``fill`` cells under each candidate setting,
 and the fastest wins. ``fill`` follows the node's traffic: the mean cells a decoded token's
 sequence held when this model and shape last served (``remember_traffic``, kept beside the
-timings), half a sequence before anything was served. The sequences are filled by loading a tiled state (``kv_blob.tile``)
-instead of prefilling them, so a candidate takes a second or less, and the result is kept in a
+timings), half a sequence before anything was served. The sequences are filled by loading a
+tiled state (``kv_blob.tile``) instead of prefilling them, so a candidate takes a second or less, and the result is kept in a
 small JSON file per machine (``cache_path``), keyed by everything that decides it (llama.cpp's
 version included); delete the file to measure again (a measurement taken on a busy machine
 stays until then).
@@ -88,7 +88,7 @@ def fill_for(model: LlamaModel, shape: ContextShape) -> int:
     either side of a crossover (docs/engine.md: flash attention on below about 512 cells
     here, off above), so a node that serves short chats and one that serves long agent
     sessions should not be timed alike."""
-    cells, tokens = remembered_traffic(model, shape)
+    cells, tokens = remembered_traffic(traffic_key(model, shape))
     if not tokens:
         return default_fill(shape.ctx_per_seq)
     return fill_bucket(cells / tokens, shape.ctx_per_seq)
@@ -101,10 +101,15 @@ def fill_bucket(mean_cells: float, ctx_per_seq: int) -> int:
     return int(min(max(64, nearest), default_fill(ctx_per_seq)))
 
 
-def remembered_traffic(model: LlamaModel, shape: ContextShape) -> tuple[int, int]:
-    """``(cells, tokens)`` remembered for ``shape`` on this machine; ``(0, 0)`` when none (or
+def traffic_key(model: LlamaModel, shape: ContextShape) -> str:
+    """The key of ``shape``'s traffic with ``model`` on this machine in ``TRAFFIC``."""
+    return _digest(_machine_and_shape(model, shape))
+
+
+def remembered_traffic(key: str) -> tuple[int, int]:
+    """``(cells, tokens)`` remembered under ``key`` (``traffic_key``); ``(0, 0)`` when none (or
     an entry that is not two integers from 0 to 2**53)."""
-    seen = TRAFFIC.entries().get(_traffic_key(model, shape))
+    seen = TRAFFIC.entries().get(key)
     if not isinstance(seen, dict):
         return 0, 0
     cells, tokens = seen.get("cells"), seen.get("tokens")
@@ -113,18 +118,14 @@ def remembered_traffic(model: LlamaModel, shape: ContextShape) -> tuple[int, int
     return cells, tokens
 
 
-def remember_traffic(
-    model: LlamaModel, shape: ContextShape, before: tuple[int, int], cells: int, tokens: int
-) -> None:
-    """Remember for ``shape`` what was remembered at this run's start (``before``, from
+def remember_traffic(key: str, before: tuple[int, int], cells: int, tokens: int) -> None:
+    """Remember under ``key`` what was remembered at this run's start (``before``, from
     ``remembered_traffic``) at half its weight, plus this run's ``tokens`` decoded tokens whose
     sequences held ``cells`` cells in all (the latest run weighs most). A run of fewer than
     ``TRAFFIC_MIN_TOKENS`` changes nothing (a node started and stopped at once says nothing of
-    its traffic)."""
-    if tokens < TRAFFIC_MIN_TOKENS:
-        return
-    entry = {"cells": before[0] // 2 + cells, "tokens": before[1] // 2 + tokens}
-    TRAFFIC.put(_traffic_key(model, shape), entry)
+    its traffic). Never raises (``MeasuredCache.put``)."""
+    if tokens >= TRAFFIC_MIN_TOKENS:
+        TRAFFIC.put(key, {"cells": before[0] // 2 + cells, "tokens": before[1] // 2 + tokens})
 
 
 def cache_path() -> Path:
@@ -189,12 +190,10 @@ def step_ms(model: LlamaModel, shape: ContextShape, fill: int) -> float:
 
 
 def _key(model: LlamaModel, shape: ContextShape, settings: list[Setting], fill: int) -> str:
-    what = [*_machine_and_shape(model, shape), [s.name for s in settings], fill]
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    return _digest([*_machine_and_shape(model, shape), [s.name for s in settings], fill])
 
 
-def _traffic_key(model: LlamaModel, shape: ContextShape) -> str:
-    what = _machine_and_shape(model, shape)
+def _digest(what: list) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -142,17 +142,16 @@ def test_the_remembered_traffic_weighs_the_latest_runs_most() -> None:
     model = LlamaModel(str(bundled_model_path()))
     try:
         shape = ContextShape(4, 2048, threads=2)
-        assert (
-            tuning.fill_for(model, shape) == 1024 and not tuning.remembered_traffic(model, shape)[1]
-        )
-        tuning.remember_traffic(model, shape, (0, 0), cells=100 * 255, tokens=255)  # too few
+        key = tuning.traffic_key(model, shape)
+        assert tuning.fill_for(model, shape) == 1024 and tuning.remembered_traffic(key) == (0, 0)
+        tuning.remember_traffic(key, (0, 0), cells=100 * 255, tokens=255)  # too few
         assert tuning.fill_for(model, shape) == 1024
-        tuning.remember_traffic(model, shape, (0, 0), cells=100 * 1000, tokens=1000)
-        tuning.remember_traffic(model, shape, (0, 0), cells=100 * 2000, tokens=2000)  # same run
-        assert tuning.remembered_traffic(model, shape) == (200_000, 2000)
+        tuning.remember_traffic(key, (0, 0), cells=100 * 1000, tokens=1000)
+        tuning.remember_traffic(key, (0, 0), cells=100 * 2000, tokens=2000)  # the same run
+        assert tuning.remembered_traffic(key) == (200_000, 2000)
         assert tuning.fill_for(model, shape) == 128  # 100 cells: 2**7 is the nearest
-        before = tuning.remembered_traffic(model, shape)  # the next run counts it half
-        tuning.remember_traffic(model, shape, before, cells=1500 * 1000, tokens=1000)
+        before = tuning.remembered_traffic(key)  # the next run counts it half
+        tuning.remember_traffic(key, before, cells=1500 * 1000, tokens=1000)
         # (1,000 + 1,000) tokens, (100,000 + 1,500,000) cells: a mean of 800
         assert tuning.fill_for(model, shape) == 1024
         assert tuning.fill_for(model, ContextShape(2, 2048, threads=2)) == 1024  # another shape
@@ -172,14 +171,14 @@ def test_the_remembered_traffic_weighs_the_latest_runs_most() -> None:
     ],
     ids=["inf", "huge", "text", "no-cells", "not-a-dict"],
 )
-def test_a_remembered_fill_it_cannot_use_is_half_a_sequence(entry, tmp_path) -> None:
+def test_a_remembered_fill_it_cannot_use_is_half_a_sequence(entry) -> None:
     model = LlamaModel(str(bundled_model_path()))
     try:
         shape = ContextShape(2, 512, threads=2)
-        tuning.remember_traffic(model, shape, (0, 0), cells=5000, tokens=500)
-        key = next(iter(tuning.TRAFFIC.entries()))
+        key = tuning.traffic_key(model, shape)
+        tuning.TRAFFIC.path.parent.mkdir(parents=True, exist_ok=True)
         tuning.TRAFFIC.path.write_text(f'{{"{key}": {entry}}}' if entry != "[1]" else entry)
-        assert tuning.remembered_traffic(model, shape) == (0, 0)
+        assert tuning.remembered_traffic(key) == (0, 0)
         assert tuning.fill_for(model, shape) == 256
     finally:
         model.close()
