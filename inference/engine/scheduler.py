@@ -26,6 +26,7 @@ from inference.engine.decode_step import DecodeStep
 from inference.engine.host_store import HostStore
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
 from inference.engine.request import Failed, PromptTooLong, QueueFull, Request
+from inference.engine.retime import Retiming
 from inference.engine.sampling import Sampler
 from inference.engine.sequences import Sequence, SequenceTable
 from inference.engine.speculation import MAX_DRAFT
@@ -44,7 +45,7 @@ TRAFFIC_SAVE_S = 300.0  # how often the decode fill goes to tuning.remember_traf
 DRAFT_MAX_STEP_COST = 1 + MAX_DRAFT / 2
 
 
-class Engine(DecodeStep):
+class Engine(DecodeStep, Retiming):
     """Owns the model and context; ``start()`` loads them on the engine thread."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -65,6 +66,9 @@ class Engine(DecodeStep):
         self.draft_step_cost = float(1 + MAX_DRAFT)  # measured at load unless speculate is "off"
         self.drafting = False  # decided at load
         self.tuning: tuning.Tuning | None = None  # set at load when settings were measured
+        self._base_shape: ContextShape | None = None  # before the timed settings (retime.py)
+        self._candidates: list[tuning.Setting] = []
+        self._timed_fills: set[int] = set()
         self._traffic_key = ""  # of the shape the settings were timed for (tuning.traffic_key)
         self._traffic_before = (0, 0)  # the decode fill remembered when it loaded (cells, tokens)
         self._traffic_saved = (0, time.monotonic())  # decode fill tokens handed on; when
@@ -174,7 +178,9 @@ class Engine(DecodeStep):
         )
         self._traffic_key = tuning.traffic_key(self.model, shape)
         self._traffic_before = tuning.remembered_traffic(self._traffic_key)
-        shape = self._tuned(shape, tuning.candidates(cfg.kv_unified, shape.flash_attn))
+        self._base_shape = shape
+        self._candidates = tuning.candidates(cfg.kv_unified, shape.flash_attn)
+        shape = self._tuned(shape, self._candidates)
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
         self.prefixes = warm.PrefixKeeper(self._shelf(), self.ctx, cfg.ctx_per_seq - 1)
@@ -247,6 +253,7 @@ class Engine(DecodeStep):
         if len(settings) > 1:
             try:
                 self.tuning = tuning.choose(self.model, shape, settings)
+                self._timed_fills.add(self.tuning.fill)
                 chosen = tuning.Setting(self.tuning.unified, self.tuning.flash_attn)
             except (LlamaError, ValueError) as exc:
                 log.warning("settings not timed (%s): %s", exc, chosen.name)
@@ -298,6 +305,8 @@ class Engine(DecodeStep):
                 self._step()
             if not self._active or time.monotonic() - self._traffic_saved[1] > TRAFFIC_SAVE_S:
                 self._remember_traffic()  # gone idle, or a while since the last time
+            if not (self._active or self._queue or self._calls):
+                self._retime_for_traffic()  # retime.py: once per traffic fill a run
         self._shutdown()
 
     def _remember_traffic(self) -> None:

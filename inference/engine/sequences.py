@@ -151,6 +151,24 @@ class SequenceTable:
         seq.busy = False
         seq.last_used = self.clock()
 
+    def rebind(self, kv: KvStore, *, keep_sessions: bool) -> None:
+        """Move onto ``kv``, a context created with other settings, every sequence idle:
+        sessions held in sequences go to host RAM first when ``keep_sessions`` (their states
+        load in the new context), else they and the host-RAM store are forgotten; every
+        sequence starts empty (shared prefixes' cells are not carried). Raises ``SessionBusy``
+        while a sequence is busy."""
+        if any(seq.busy for seq in self.sequences):
+            raise SessionBusy("a sequence is busy")
+        for seq in self.sequences:
+            if keep_sessions:
+                self._spill_to_host(seq)
+            seq.tokens.clear()
+            seq.session_id = None
+            seq.last_used = 0.0
+        if not keep_sessions:
+            self.host.clear()
+        self.kv = kv
+
     def take_unowned(self, prompt: list[int]) -> Sequence | None:
         """An idle sequence to hold a shared prefix for no session (``_free_sequence``; a
         session it held is spilled to host RAM first), or None while every one is busy."""

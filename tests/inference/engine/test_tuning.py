@@ -3,6 +3,8 @@ fastest, measured once per setting; a repeatable node keeps flash attention on."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inference.engine import kv_blob, tuning
@@ -114,26 +116,97 @@ def test_settings_that_cannot_be_timed_fall_back_to_split_with_flash_attention(
         engine.stop()
 
 
-def test_the_next_start_times_the_settings_where_this_nodes_decode_ran() -> None:
-    """A node that served short chats is timed at their fill at its next start, not at half a
-    sequence (the setting that wins differs: docs/engine.md)."""
+def serve_short_chats(engine, *, session: str = "") -> tuple[list[dict], str | None]:
+    """Short chats until the engine has decoded ``TRAFFIC_MIN_TOKENS`` tokens, each its own
+    session named ``session`` and a number (none when ``session`` is empty); returns the last
+    chat's messages with its answer, and its session."""
+    driver, turn = EngineDriver(engine), 0
+    while engine.stats.decode_fill_tokens_total < tuning.TRAFFIC_MIN_TOKENS:
+        asked = [{"role": "user", "content": f"Tell a story about a fox, number {turn}."}]
+        sid = f"{session}{turn}" if session else None
+        answer = driver.submit(asked, session=sid, max_tokens=160).wait()[1]
+        turn += 1
+    return [*asked, {"role": "assistant", "content": answer.text}], sid
+
+
+def wait_for_fill(engine, fill: int, timeout: float = 60.0) -> dict:
+    """The engine's ``tuning`` once it says ``fill`` (timed again when idle: retime.py)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        timed = engine.snapshot()["tuning"]
+        if timed["fill"] == fill:
+            return timed
+        time.sleep(0.1)
+    raise AssertionError(f"not timed at {fill} cells: {engine.snapshot()['tuning']}")
+
+
+def test_traffic_at_another_fill_is_timed_again_when_idle_and_at_the_next_start() -> None:
+    """A node that serves short chats is timed at their fill, not at half a sequence (the
+    setting that wins differs: docs/engine.md): at its first idle moment once it decoded
+    ``TRAFFIC_MIN_TOKENS`` tokens, and at its next start."""
     shape = {"sequences": 2, "ctx_per_seq": 1024, "kv_unified": None, "repeatable": False}
     engine = make_engine(**shape, speculate="off")  # one decode step a token
     try:
         assert engine.snapshot()["tuning"]["fill"] == 512  # nothing served yet: half a sequence
-        driver = EngineDriver(engine)
-        while engine.stats.decode_fill_tokens_total < tuning.TRAFFIC_MIN_TOKENS:
-            asked = [{"role": "user", "content": "Tell a story about a fox."}]
-            driver.submit(asked, max_tokens=160).wait()
+        serve_short_chats(engine)
         stats = engine.stats
         mean = stats.decode_fill_cells_total / stats.decode_fill_tokens_total
         assert 20 < mean < 200  # a short prompt and what followed it
+        timed = wait_for_fill(engine, tuning.fill_bucket(mean, 1024))
+        snap = engine.snapshot()  # the setting in use is the one it says
+        assert snap["kv_settings"]["kv_unified"] == ("true" if timed["unified"] else "false")
+        assert snap["kv_settings"]["flash_attn"] == (
+            "enabled" if timed["flash_attn"] == "on" else "disabled"
+        )
+        assert EngineDriver(engine).chat([{"role": "user", "content": "Hi!"}]).text
     finally:
         engine.stop()
     engine = make_engine(**shape)
     try:
-        timed = engine.snapshot()["tuning"]
-        assert timed["fill"] == tuning.fill_bucket(mean, 1024) < 512 and timed["measured"]
+        assert engine.snapshot()["tuning"]["fill"] == tuning.fill_bucket(mean, 1024) < 512
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("change", ["layout", "flash_attn"])
+def test_a_node_moves_to_the_setting_that_wins_at_its_traffic(change, monkeypatch) -> None:
+    """When the timing at the traffic's fill names another setting (here told so), the node
+    serves from a context with it; the session held in a sequence comes back from host RAM
+    when flash attention is unchanged, and is prefilled afresh when it changed (llama.cpp
+    refuses a state of the other setting)."""
+    engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=False)
+    try:
+        before = engine.snapshot()["tuning"]
+        flash = before["flash_attn"]
+        if change == "flash_attn":
+            flash = "off" if flash == "on" else "on"
+        unified = before["unified"] != (change == "layout")
+        target = tuning.Setting(unified, flash)
+
+        def told(model, shape, settings, fill=None):
+            step_ms = {s.name: 50.0 if s == target else 100.0 for s in settings}
+            return tuning.Tuning(unified, flash, step_ms, fill)
+
+        monkeypatch.setattr(tuning, "choose", told)
+        chat, session = serve_short_chats(engine, session="s")
+        stats = engine.stats
+        timed = wait_for_fill(
+            engine,
+            tuning.fill_bucket(
+                stats.decode_fill_cells_total / stats.decode_fill_tokens_total, 1024
+            ),
+        )
+        snap = engine.snapshot()
+        assert (timed["unified"], timed["flash_attn"]) == (unified, flash)
+        assert snap["kv_settings"]["kv_unified"] == ("true" if unified else "false")
+        assert snap["kv_settings"]["flash_attn"] == ("enabled" if flash == "on" else "disabled")
+        asked = [*chat, {"role": "user", "content": "And then?"}]
+        again = EngineDriver(engine).chat(asked, session=session, max_tokens=8)
+        assert again.text
+        if change == "layout":
+            assert again.cached_tokens > 0 and engine.stats.restored_from_host_total >= 1
+        else:
+            assert again.cached_tokens == 0
     finally:
         engine.stop()
 
