@@ -49,22 +49,14 @@ class DecodeStep:
 
     def _run_step(self) -> None:
         assert self.ctx is not None
-        batch = self.ctx.batch
-        batch.clear()
-        to_sample: list[tuple[Request, int]] = []
+        self.ctx.batch.clear()
         decoding = [r for r in self._active if not r.prefilling]
         self.stats.decode_fill_tokens_total += len(decoding)
         self.stats.decode_fill_cells_total += sum(len(r.seq.tokens) for r in decoding)
         drafts = self._drafts(decoding)
-        verify: list[tuple[Request, list[int], list[int]]] = []
-        for req in decoding:
-            seq = req.seq
-            pos = len(seq.tokens)
-            draft = drafts.get(req.id, [])
-            indices = [batch.add(req.last_token, pos, seq.seq_id, True)]
-            indices += [batch.add(t, pos + 1 + k, seq.seq_id, True) for k, t in enumerate(draft)]
-            verify.append((req, draft, indices))
-        chunks = self._add_prefill_chunks(to_sample)
+        room = self.ctx.batch.capacity - len(decoding) - sum(len(d) for d in drafts.values())
+        chunks = self._prefill_chunks(room)
+        verify, to_sample = self._fill_batch(decoding, drafts, chunks)
         started = time.perf_counter()
         try:
             self.ctx.decode()
@@ -171,25 +163,49 @@ class DecodeStep:
             self.ctx.seq_truncate(seq.seq_id, len(seq.tokens))
         return produced
 
-    def _add_prefill_chunks(
-        self, to_sample: list[tuple[Request, int]]
-    ) -> list[tuple[Request, list[int]]]:
-        """Append prompt chunks to the batch, oldest request first; returns what was added."""
-        batch = self.ctx.batch
-        added = []
+    def _prefill_chunks(self, room: int) -> list[tuple[Request, list[int]]]:
+        """This step's prompt chunks within ``room`` batch tokens, oldest request first (each
+        taken from its ``pending``)."""
+        taken = []
         for req in [r for r in self._active if r.prefilling]:
-            take = min(batch.room, self.config.prefill_chunk, len(req.pending))
+            take = min(room, self.config.prefill_chunk, len(req.pending))
             if take <= 0:
                 break
             chunk, req.pending = req.pending[:take], req.pending[take:]
-            start = len(req.seq.tokens)
+            taken.append((req, chunk))
+            room -= take
+        return taken
+
+    def _fill_batch(
+        self,
+        decoding: list[Request],
+        drafts: dict[int, list[int]],
+        chunks: list[tuple[Request, list[int]]],
+    ) -> tuple[list[tuple[Request, list[int], list[int]]], list[tuple[Request, int]]]:
+        """Put each decoding request's token and draft and each prompt chunk into the batch,
+        in sequence id order: with one KV stream per sequence llama.cpp computes a batch in
+        ubatches of sequences whose ids follow each other in batch order
+        (``llama_batch_allocr::split_equal``, sequential), so 8 sequences in admission order
+        ran as several passes over the weights (1.3x the step here). Returns what to verify
+        (request, draft, batch indices) and the finished prompts' last batch index."""
+        batch = self.ctx.batch
+        verify: list[tuple[Request, list[int], list[int]]] = []
+        to_sample: list[tuple[Request, int]] = []
+        entries = [(r, None) for r in decoding] + chunks
+        for req, chunk in sorted(entries, key=lambda entry: entry[0].seq.seq_id):
+            seq, pos = req.seq.seq_id, len(req.seq.tokens)
+            if chunk is None:
+                draft = drafts.get(req.id, [])
+                tokens = [req.last_token, *draft]
+                indices = [batch.add(t, pos + k, seq, True) for k, t in enumerate(tokens)]
+                verify.append((req, draft, indices))
+                continue
             for offset, token in enumerate(chunk):
-                is_last = not req.pending and offset == take - 1
-                index = batch.add(token, start + offset, req.seq.seq_id, is_last)
+                last = not req.pending and offset == len(chunk) - 1
+                index = batch.add(token, pos + offset, seq, last)
             if not req.pending:
                 to_sample.append((req, index))
-            added.append((req, chunk))
-        return added
+        return verify, to_sample
 
     def _on_token(self, req: Request, token: int) -> None:
         assert self.model is not None

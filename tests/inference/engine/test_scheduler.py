@@ -311,3 +311,37 @@ def test_a_steps_time_splits_into_llama_cpp_and_the_rest(driver):
     in_llama = after["step_llama_seconds_total"] - before["step_llama_seconds_total"]
     assert 0 < in_llama < step
     assert in_llama / step > 0.5  # a 135M model's step is mostly matrix work, not Python
+
+
+def test_a_step_puts_its_sequences_into_the_batch_in_id_order() -> None:
+    """With one KV stream per sequence llama.cpp computes a batch in ubatches of sequences
+    whose ids follow each other in batch order, so sessions admitted in another order than
+    their sequences' ids must still go into the batch by id, or a step of four sequences is
+    several passes over the weights."""
+    engine = make_engine(sequences=4, ctx_per_seq=512, kv_unified=False)
+    driver = EngineDriver(engine)
+    try:
+        turns = {s: user(f"Session {s}: name a colour.") for s in "abcd"}
+        for session, messages in turns.items():  # a, b, c, d in sequences 0, 1, 2, 3
+            driver.chat(messages, session=session, max_tokens=4)
+        held = {slot["session_id"]: slot["id"] for slot in engine.slots()}
+        seen: list[list[int]] = []
+        decode = engine.ctx.decode
+
+        def recording() -> None:
+            raw = engine.ctx.batch.raw
+            seen.append([raw.seq_id[i][0] for i in range(raw.n_tokens)])
+            decode()
+
+        engine.ctx.decode = recording
+        later = [
+            driver.prepare([*turns[s], {"role": "user", "content": "Another?"}], session=s)
+            for s in sorted(held, key=held.get, reverse=True)  # admitted d, c, b, a
+        ]
+        engine.submit_all([run.request for run in later])
+        assert all(run.wait()[1].text for run in later)
+        assert len(seen) > 4 and sorted(held.values()) == [0, 1, 2, 3]
+        assert all(ids == sorted(ids) for ids in seen), seen[:3]
+        assert any(len(set(ids)) == 4 for ids in seen)  # steps that held all four
+    finally:
+        engine.stop()
