@@ -137,6 +137,7 @@ def main() -> None:
     engine = start_engine(str(path), repeatable=args.repeatable)
     try:
         run(engine, [engine.model.tokenize("Warm up.")], 8)
+        loaded_with = engine.snapshot()["kv_settings"]
         figures = measure(engine, rounds, max_tokens)
         snapshot = engine.snapshot()
     finally:
@@ -149,6 +150,9 @@ def main() -> None:
         "quantization": args.quantization.upper(),
         "repeatable": args.repeatable,
         "flash_attn": snapshot["kv_settings"]["flash_attn"],
+        # the engine may move to other settings when idle between runs (retime.py): then the
+        # figures mix both, and this says so
+        "settings_moved": snapshot["kv_settings"] != loaded_with,
         "weights_bytes": weights,
         "bandwidth_gb_s": bandwidth,
         "roofline_tokens_per_s": round(roofline, 1),
