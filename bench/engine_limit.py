@@ -114,7 +114,7 @@ def measure(engine: Engine, rounds: int, max_tokens: int) -> dict:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="2 rounds of 64 tokens")
     parser.add_argument(
@@ -128,7 +128,11 @@ def main() -> None:
         action="store_true",
         help="the engine as runnode --repeatable starts it (flash attention on): what it costs",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     rounds, max_tokens = (2, 64) if args.quick else (5, 128)
     path = model_file(args.quantization)
     weights = os.path.getsize(path)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import psutil
+
 from inference.engine import tuning, warm
 from inference.engine.config import EngineConfig
 from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
@@ -52,28 +54,49 @@ class Retiming:
     _candidates: list[tuning.Setting]
     _timed_fills: set[int]  # the fills this run's settings were timed at
     _traffic_before: tuple[int, int]
+    _stopping: bool
+    kv_bytes_per_token: int
 
     def _retime_for_traffic(self) -> None:
         """Time the candidates at this run's traffic fill when it is one not timed yet this run,
         and move onto the winner when it pays (``RETIME_MIN_GAIN``). ``self.tuning`` then says
-        the fill and the step times; its setting is the one in use."""
+        the fill and the step times; its setting is the one in use. Nothing here raises out of
+        the engine thread: a failure is logged and the context in use kept."""
         fill = self._traffic_fill()
-        if fill is None or fill in self._timed_fills:
+        if fill is None or fill in self._timed_fills or self._stopping:
             return
         self._timed_fills.add(fill)
-        try:
-            found = tuning.choose(self.model, self._base_shape, self._candidates, fill)
-        except (LlamaError, ValueError) as exc:
-            log.warning("settings not timed again at %d cells: %s", fill, exc)
+        room = self._memory_refusal()
+        if room:
+            log.warning("settings not timed again at %d cells: %s", fill, room)
             return
+        try:
+            self._retime_at(fill)
+        except Exception:  # noqa: BLE001 - the node goes on with the settings it has
+            log.exception("settings not timed again at %d cells", fill)
+
+    def _retime_at(self, fill: int) -> None:
+        found = tuning.choose(self.model, self._base_shape, self._candidates, fill)
         current = tuning.Setting(self.tuning.unified, self.tuning.flash_attn)
         best = tuning.Setting(found.unified, found.flash_attn)
         gain = found.step_ms[current.name] / max(found.step_ms[best.name], 1e-9)
+        if self._stopping:
+            return
         if best != current and gain >= RETIME_MIN_GAIN and self._move_to(best):
             log.info("traffic at %d cells: %s -> %s (%.2fx)", fill, current.name, best.name, gain)
             self.tuning = found
         else:
             self.tuning = replace(found, unified=current.unified, flash_attn=current.flash_attn)
+
+    def _memory_refusal(self) -> str:
+        """Why a second context cannot be afforded now ('' when it can): timing a candidate and
+        moving each create a context beside the one serving, so twice its KV cache
+        (``sequences * ctx_per_seq`` cells) must be free in host memory."""
+        kv_bytes = self.config.sequences * self.config.ctx_per_seq * self.kv_bytes_per_token
+        available = psutil.virtual_memory().available
+        if available < 2 * kv_bytes:
+            return f"{available >> 20} MiB free, {2 * kv_bytes >> 20} MiB needed"
+        return ""
 
     def _traffic_fill(self) -> int | None:
         """``tuning.fill_bucket`` of the mean cells a decoded token's sequence held (what was
@@ -89,20 +112,29 @@ class Retiming:
 
     def _move_to(self, setting: tuning.Setting) -> bool:
         """Serve from a new context with ``setting`` (every sequence idle); False, the old
-        context kept, when llama.cpp cannot create it."""
+        context kept as it was, when llama.cpp cannot create it or warm it up or a session
+        cannot be copied out of the old one."""
         shape = replace(self._base_shape, kv_unified=setting.unified, flash_attn=setting.flash_attn)
         try:
             ctx = LlamaContext(self.model, shape)
         except LlamaError as exc:
             log.warning("settings not changed to %s: %s", setting.name, exc)
             return False
-        old = self.ctx
-        self.table.rebind(ctx, keep_sessions=setting.flash_attn == self.tuning.flash_attn)
-        self.prefixes.close()  # prefix files being written are finished
+        try:
+            warm.warm_up_ms(ctx, self.model.tokenize("The")[-1], self.config.sequences - 1)
+            self.table.rebind(ctx, keep_sessions=setting.flash_attn == self.tuning.flash_attn)
+        except LlamaError as exc:
+            ctx.close()
+            log.warning("settings not changed to %s: %s", setting.name, exc)
+            return False
+        old, keeper = self.ctx, self.prefixes
+        keeper.close()  # prefix files being written are finished
         self.ctx = ctx
         old.close()
         self.prefixes = warm.PrefixKeeper(self._shelf(), ctx, self.config.ctx_per_seq - 1)
+        self.prefixes.saved = keeper.saved
         self.table.on_shared = self.prefixes.shared
-        warm.warm_up_ms(ctx, self.model.tokenize("The")[-1], self.config.sequences - 1)
         self.warm["prefixes_loaded"] = self._prefixes_loaded()
+        for tokens in keeper.held:  # registered openings: held again (prefilled if not loaded)
+            self.prefixes.hold(self.table, tokens, self.config.n_batch)
         return True

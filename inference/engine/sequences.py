@@ -159,9 +159,9 @@ class SequenceTable:
         while a sequence is busy."""
         if any(seq.busy for seq in self.sequences):
             raise SessionBusy("a sequence is busy")
+        for seq in self.sequences if keep_sessions else []:
+            self._spill_to_host(seq)  # may raise (LlamaError): the table is still whole then
         for seq in self.sequences:
-            if keep_sessions:
-                self._spill_to_host(seq)
             seq.tokens.clear()
             seq.session_id = None
             seq.last_used = 0.0

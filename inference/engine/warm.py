@@ -169,6 +169,7 @@ class PrefixKeeper:
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefix-shelf")
         self.loaded = self.saved = 0
         self.failed = 0
+        self.held: list[list[int]] = []  # openings registered through ``hold``
         self._seen: set[str] = set()
 
     def load(self, sequences: list, limit: int) -> int:
@@ -221,16 +222,22 @@ class PrefixKeeper:
         seq = table.holding(tokens)
         exact = seq is not None and len(seq.tokens) == len(tokens)
         if seq is not None and (exact or self.shelf is None or self.shelf.has(tokens)):
+            self._note_held(tokens)
             return "held"
         seq = table.take_unowned(tokens)
         if seq is None:
             return "busy"
+        self._note_held(tokens)
         self._prefill(seq, tokens, chunk)
         if self.shelf is not None:
             self._seen.add(prefix_key(tokens))
             state = self.ctx.state_export(seq.seq_id)
             self.writer.submit(self._write, list(tokens), state, REGISTERED_USES)
         return "prefilled"
+
+    def _note_held(self, tokens: list[int]) -> None:
+        if list(tokens) not in self.held:
+            self.held.append(list(tokens))
 
     def _prefill(self, seq, tokens: list[int], chunk: int) -> None:
         """Decode ``tokens`` into ``seq`` from position 0 (logits for the last one only)."""

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from inference.engine import kv_blob, tuning
-from inference.engine.llama import ContextShape, LlamaModel
+from inference.engine import kv_blob, retime, tuning
+from inference.engine.llama import ContextShape, LlamaError, LlamaModel
 from tests.inference.engine.conftest import EngineDriver, make_engine
 from tests.support.processes import bundled_model_path
 
@@ -188,6 +188,8 @@ def test_a_node_moves_to_the_setting_that_wins_at_its_traffic(change, monkeypatc
             return tuning.Tuning(unified, flash, step_ms, fill)
 
         monkeypatch.setattr(tuning, "choose", told)
+        opening = engine.model.tokenize("You are a travel agent with tools. " * 10)
+        assert engine.hold_prefix(opening).result(60) == "prefilled"  # a registered opening
         chat, session = serve_short_chats(engine, session="s")
         stats = engine.stats
         timed = wait_for_fill(
@@ -200,6 +202,7 @@ def test_a_node_moves_to_the_setting_that_wins_at_its_traffic(change, monkeypatc
         assert (timed["unified"], timed["flash_attn"]) == (unified, flash)
         assert snap["kv_settings"]["kv_unified"] == ("true" if unified else "false")
         assert snap["kv_settings"]["flash_attn"] == ("enabled" if flash == "on" else "disabled")
+        assert engine.call(lambda: engine.table.holding(opening)).result(10) is not None
         asked = [*chat, {"role": "user", "content": "And then?"}]
         again = EngineDriver(engine).chat(asked, session=session, max_tokens=8)
         assert again.text
@@ -207,6 +210,45 @@ def test_a_node_moves_to_the_setting_that_wins_at_its_traffic(change, monkeypatc
             assert again.cached_tokens > 0 and engine.stats.restored_from_host_total >= 1
         else:
             assert again.cached_tokens == 0
+    finally:
+        engine.stop()
+
+
+def test_a_move_that_fails_or_a_repeatable_node_keeps_the_context_in_use(monkeypatch) -> None:
+    """llama.cpp refusing the new context leaves the node serving as it was (its sessions
+    still cached); a repeatable node is not timed again at all."""
+
+    def refused(*args, **kwargs):
+        raise LlamaError("cannot create llama context: out of memory")
+
+    engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=True)
+    try:
+        serve_short_chats(engine)
+        time.sleep(2.0)  # an idle moment in which a node left to choose is timed again
+        assert engine.snapshot()["tuning"]["fill"] == 512
+    finally:
+        engine.stop()
+    monkeypatch.setattr(retime, "LlamaContext", refused)
+    engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=False)
+    try:
+        before = engine.snapshot()
+        unified, flash = before["tuning"]["unified"], before["tuning"]["flash_attn"]
+
+        def told(model, shape, settings, fill=None):  # the other layout wins, 2x
+            step_ms = {s.name: 50.0 if s.unified != unified else 100.0 for s in settings}
+            return tuning.Tuning(not unified, flash, step_ms, fill)
+
+        monkeypatch.setattr(tuning, "choose", told)
+        chat, session = serve_short_chats(engine, session="s")
+        stats = engine.stats
+        fill = tuning.fill_bucket(
+            stats.decode_fill_cells_total / stats.decode_fill_tokens_total, 1024
+        )
+        timed = wait_for_fill(engine, fill)
+        assert timed["unified"] == unified  # the setting in use, not the one that won
+        assert engine.snapshot()["kv_settings"] == before["kv_settings"]
+        asked = [*chat, {"role": "user", "content": "And then?"}]
+        assert EngineDriver(engine).chat(asked, session=session, max_tokens=8).cached_tokens > 0
     finally:
         engine.stop()
 
