@@ -26,7 +26,7 @@ import psutil
 
 from inference.engine import tuning, warm
 from inference.engine.config import EngineConfig
-from inference.engine.llama import ContextShape, LlamaContext, LlamaError, LlamaModel
+from inference.engine.llama import ContextShape, LlamaContext, LlamaModel
 from inference.engine.sequences import SequenceTable
 from inference.engine.stats import EngineStats
 
@@ -40,7 +40,8 @@ RETIME_MIN_GAIN = 1.1
 
 class Retiming:
     """Mixin of ``Engine`` (``scheduler.py``), run on its thread; the attributes below are
-    ``Engine``'s (set at load), as are ``_shelf`` and ``_prefixes_loaded``."""
+    ``Engine``'s (set at load), as are ``_warm_up``, ``_prefix_keeper`` and
+    ``_prefixes_loaded``."""
 
     config: EngineConfig
     model: LlamaModel | None
@@ -106,32 +107,31 @@ class Retiming:
         tokens = self.stats.decode_fill_tokens_total
         if self.tuning is None or self.config.repeatable or tokens < tuning.TRAFFIC_MIN_TOKENS:
             return None
-        cells_before, tokens_before = self._traffic_before
-        cells = cells_before // 2 + self.stats.decode_fill_cells_total
-        return tuning.fill_bucket(cells / (tokens_before // 2 + tokens), self.config.ctx_per_seq)
+        cells, tokens = tuning.merged_traffic(
+            self._traffic_before, self.stats.decode_fill_cells_total, tokens
+        )
+        return tuning.fill_bucket(cells / tokens, self.config.ctx_per_seq)
 
     def _move_to(self, setting: tuning.Setting) -> bool:
         """Serve from a new context with ``setting`` (every sequence idle); False, the old
         context kept as it was, when llama.cpp cannot create it or warm it up or a session
-        cannot be copied out of the old one."""
+        cannot be copied out of the old one (logged)."""
         shape = replace(self._base_shape, kv_unified=setting.unified, flash_attn=setting.flash_attn)
+        ctx = None
         try:
             ctx = LlamaContext(self.model, shape)
-        except LlamaError as exc:
-            log.warning("settings not changed to %s: %s", setting.name, exc)
-            return False
-        try:
-            warm.warm_up_ms(ctx, self.model.tokenize("The")[-1], self.config.sequences - 1)
+            self._warm_up(ctx)
             self.table.rebind(ctx, keep_sessions=setting.flash_attn == self.tuning.flash_attn)
-        except LlamaError as exc:
-            ctx.close()
+        except Exception as exc:  # noqa: BLE001 - the old context serves on
+            if ctx is not None:
+                ctx.close()
             log.warning("settings not changed to %s: %s", setting.name, exc)
             return False
         old, keeper = self.ctx, self.prefixes
         keeper.close()  # prefix files being written are finished
         self.ctx = ctx
         old.close()
-        self.prefixes = warm.PrefixKeeper(self._shelf(), ctx, self.config.ctx_per_seq - 1)
+        self.prefixes = self._prefix_keeper(ctx)
         self.prefixes.saved = keeper.saved
         self.table.on_shared = self.prefixes.shared
         self.warm["prefixes_loaded"] = self._prefixes_loaded()

@@ -183,7 +183,7 @@ class Engine(DecodeStep, Retiming):
         shape = self._tuned(shape, self._candidates)
         self.ctx = LlamaContext(self.model, shape)
         host = HostStore(cfg.host_ram_mib * 1024 * 1024, codec=kv_blob)
-        self.prefixes = warm.PrefixKeeper(self._shelf(), self.ctx, cfg.ctx_per_seq - 1)
+        self.prefixes = self._prefix_keeper(self.ctx)
         self.table = SequenceTable(
             self.ctx,
             cfg.sequences,
@@ -204,6 +204,15 @@ class Engine(DecodeStep, Retiming):
             )
         )
         self._warm_start(refusal)
+
+    def _prefix_keeper(self, ctx: LlamaContext) -> warm.PrefixKeeper:
+        """The shelf of shared prefixes for ``ctx`` (the engine's context: its settings name
+        the shelf's directory)."""
+        return warm.PrefixKeeper(self._shelf(), ctx, self.config.ctx_per_seq - 1)
+
+    def _warm_up(self, ctx: LlamaContext) -> float:
+        """``warm.warm_up_ms`` on the last sequence of ``ctx``; milliseconds."""
+        return warm.warm_up_ms(ctx, self.model.tokenize("The")[-1], self.config.sequences - 1)
 
     def _shelf(self) -> warm.PrefixShelf | None:
         cfg = self.config
@@ -226,8 +235,7 @@ class Engine(DecodeStep, Retiming):
     def _warm_start(self, mlock_refusal: str) -> None:
         """Before the node says it is ready: a warm-up decode, then the saved shared prefixes
         into free sequences (half of them at most: the rest stay free for sessions)."""
-        token = self.model.tokenize("The")[-1]
-        took = warm.warm_up_ms(self.ctx, token, self.config.sequences - 1)
+        took = self._warm_up(self.ctx)
         loaded = self._prefixes_loaded()
         self.warm = {
             "resident": "mlock" if self.model.locked else "mmap",

@@ -125,7 +125,14 @@ def remember_traffic(key: str, before: tuple[int, int], cells: int, tokens: int)
     ``TRAFFIC_MIN_TOKENS`` changes nothing (a node started and stopped at once says nothing of
     its traffic). Never raises (``MeasuredCache.put``)."""
     if tokens >= TRAFFIC_MIN_TOKENS:
-        TRAFFIC.put(key, {"cells": before[0] // 2 + cells, "tokens": before[1] // 2 + tokens})
+        cells, tokens = merged_traffic(before, cells, tokens)
+        TRAFFIC.put(key, {"cells": cells, "tokens": tokens})
+
+
+def merged_traffic(before: tuple[int, int], cells: int, tokens: int) -> tuple[int, int]:
+    """``(cells, tokens)``: what was remembered at a run's start (``before``) at half its
+    weight plus this run's ``tokens`` decoded tokens whose sequences held ``cells`` cells."""
+    return before[0] // 2 + cells, before[1] // 2 + tokens
 
 
 def cache_path() -> Path:

@@ -222,12 +222,15 @@ def test_a_move_that_fails_or_a_repeatable_node_keeps_the_context_in_use(monkeyp
         raise LlamaError("cannot create llama context: out of memory")
 
     engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=True)
+    timed = []
+    monkeypatch.setattr(tuning, "choose", lambda *args, **kw: timed.append(args) or 1 / 0)
     try:
         serve_short_chats(engine)
-        time.sleep(2.0)  # an idle moment in which a node left to choose is timed again
-        assert engine.snapshot()["tuning"]["fill"] == 512
+        engine.call(engine._retime_for_traffic).result(30)  # what an idle moment runs
+        assert not timed and engine.snapshot()["tuning"]["fill"] == 512
     finally:
         engine.stop()
+    monkeypatch.undo()
     monkeypatch.setattr(retime, "LlamaContext", refused)
     engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=False)
     try:
