@@ -7,15 +7,27 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 NODES ?= 2
 
-.PHONY: run test bench-quick install browser mutation
+.PHONY: run test bench-quick install browser mutation llama-cmake-args FORCE
 
-# llama-cpp-python is built for x86-64-v3 (AVX2, FMA, F16C), not for the build machine
-# (GGML_NATIVE): a CPU can report instruction sets its kernel or hypervisor does not let a
-# process use (AMX tiles here: SIGILL in the first batch), and a wheel built for one machine
-# must run on the next. Built once per version and flags into ~/.cache/phalanx-wheels.
+# llama-cpp-python is built for x86-64-v3 (AVX2, FMA, F16C) plus the AVX-512 and VNNI sets
+# this machine's kernel lists in /proc/cpuinfo (it lists a set only where it saves that set's
+# registers), never with GGML_NATIVE: a CPU can report instruction sets a process may not use
+# (AMX tiles here: SIGILL in the first batch), so AMX is never built in. On an AVX-512 CPU the
+# sets add 1.2-1.3x at 8 streams of the repacked Q4_0 (docs/validation.md has the figures).
+# Built once per version and flags into ~/.cache/phalanx-wheels; a venv whose flags differ
+# from this machine's (a disk moved to another CPU) is installed again.
 LLAMA_VERSION := 0.3.36
+CPUINFO ?= /proc/cpuinfo
 ifeq ($(shell uname -m),x86_64)
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+CPU_FLAGS := $(shell grep -m1 '^flags' $(CPUINFO) 2>/dev/null)
+# $(call if_cpu_has,flags,option): the option when the CPU lists every one of the flags
+if_cpu_has = $(if $(filter-out $(CPU_FLAGS),$(1)),,$(2))
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	$(call if_cpu_has,avx512f avx512cd avx512vl avx512dq avx512bw,-DGGML_AVX512=ON \
+		$(call if_cpu_has,avx512vbmi,-DGGML_AVX512_VBMI=ON) \
+		$(call if_cpu_has,avx512_vnni,-DGGML_AVX512_VNNI=ON) \
+		$(call if_cpu_has,avx512_bf16,-DGGML_AVX512_BF16=ON)) \
+	$(call if_cpu_has,avx_vnni,-DGGML_AVX_VNNI=ON)
 endif
 # LLAMA_EXTRA_CMAKE_ARGS adds options to these (what a device validation's cpu.build warning
 # names: make -B install LLAMA_EXTRA_CMAKE_ARGS="-DGGML_AVX512=ON"); -B because .installed is
@@ -23,7 +35,17 @@ endif
 LLAMA_ALL_CMAKE_ARGS := $(strip $(LLAMA_CMAKE_ARGS) $(LLAMA_EXTRA_CMAKE_ARGS))
 WHEELS := $(HOME)/.cache/phalanx-wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_ALL_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 
-$(VENV)/.installed: pyproject.toml
+# the flags the venv's llama-cpp-python was built with; rewritten (so the venv is installed
+# again) only when this machine's differ
+$(VENV)/.llama-cmake-args: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(LLAMA_ALL_CMAKE_ARGS)' | cmp -s - $@ || echo '$(LLAMA_ALL_CMAKE_ARGS)' > $@
+
+# what the benchmarks build llama.cpp's own server with, so that both sides run the same kernels
+llama-cmake-args:
+	@echo '$(LLAMA_ALL_CMAKE_ARGS)'
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cmake-args
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_ALL_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)

@@ -47,7 +47,6 @@ import asyncio
 import hashlib
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -76,16 +75,19 @@ NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 
 
 def cpu_flags() -> list[str]:
-    """The Makefile's ``LLAMA_CMAKE_ARGS`` (``$LLAMA_CMAKE_ARGS`` when set), so that both sides
-    run the same kernels."""
+    """The CMake flags the Makefile builds llama-cpp-python with on this machine (``make -s
+    llama-cmake-args``: x86-64-v3 plus the AVX-512 sets the CPU lists; ``$LLAMA_CMAKE_ARGS`` when
+    set), so that both sides run the same kernels."""
     if os.environ.get("LLAMA_CMAKE_ARGS"):
         return os.environ["LLAMA_CMAKE_ARGS"].split()
-    if platform.machine() != "x86_64":
-        return []
-    return [
-        "-DGGML_NATIVE=OFF",
-        *(f"-DGGML_{flag}=ON" for flag in ("AVX", "AVX2", "FMA", "F16C", "BMI2")),
-    ]
+    printed = subprocess.run(
+        ["make", "-s", "llama-cmake-args"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return printed.split()
 
 
 def ensure_llama_server(cache: Path) -> Path:
@@ -113,7 +115,7 @@ def ensure_llama_server(cache: Path) -> Path:
         )
         shutil.rmtree(root / "unpack")
     # the same sources with the same CPU flags as the Makefile builds llama-cpp-python with
-    # (x86-64-v3, never GGML_NATIVE: a native build dies of SIGILL on AMX tiles here)
+    # (never GGML_NATIVE: a native build dies of SIGILL on AMX tiles here)
     subprocess.run(
         ["cmake", "-S", str(sources), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
         + ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF"]
