@@ -17,10 +17,11 @@ token per sequence with every sequence holding ``fill`` cells under each candida
 and the fastest wins. ``fill`` follows the node's traffic: the mean cells a decoded token's
 sequence held when this model and shape last served (``remember_traffic``, kept beside the
 timings), half a sequence before anything was served. The sequences are filled by loading a
-tiled state (``kv_blob.tile``) instead of prefilling them, so a candidate takes a second or less, and the result is kept in a
-small JSON file per machine (``cache_path``), keyed by everything that decides it (llama.cpp's
-version included); delete the file to measure again (a measurement taken on a busy machine
-stays until then).
+tiled state (``kv_blob.tile``) instead of prefilling them, so a candidate takes a second or
+less, and the result is kept in a small JSON file per machine (``cache_path``), keyed by
+everything that decides it (llama.cpp's version and the instruction sets it was built with
+included: ``llama_build``); delete the file to measure again (a measurement taken on a busy
+machine stays until then).
 """
 
 from __future__ import annotations
@@ -208,7 +209,14 @@ def _machine_and_shape(model: LlamaModel, shape: ContextShape) -> list:
     stat = os.stat(model.path)
     neutral = asdict(replace(shape, kv_unified=False, flash_attn="auto"))
     what = [model.path, stat.st_size, int(stat.st_mtime), neutral]
-    return [*what, os.cpu_count(), cpu_model(), llama_cpp.__version__]
+    return [*what, os.cpu_count(), cpu_model(), llama_build()]
+
+
+def llama_build() -> str:
+    """llama-cpp-python's version and the instruction sets its llama.cpp was built with
+    (``llama_print_system_info``: ``AVX2 = 1 | AVX512 = 1 ...``): a measurement taken under one
+    build says nothing of another, e.g. after ``make install`` adds the AVX-512 sets."""
+    return f"{llama_cpp.__version__} {llama_cpp.llama_print_system_info().decode()}"
 
 
 def cpu_model() -> str:

@@ -29,8 +29,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import llama_cpp
-
 from inference.engine import tuning
 from inference.engine.llama import ContextShape, LlamaModel
 from inference.engine.quantize import quantize
@@ -162,5 +160,5 @@ def cache_path() -> Path:
 def _key(source: Path, threads: int, candidates: tuple[str, ...]) -> str:
     stat = source.stat()
     what = [str(source.resolve()), stat.st_size, int(stat.st_mtime), threads, list(candidates)]
-    what += [FILL, BATCH, os.cpu_count(), tuning.cpu_model(), llama_cpp.__version__]
+    what += [FILL, BATCH, os.cpu_count(), tuning.cpu_model(), tuning.llama_build()]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]

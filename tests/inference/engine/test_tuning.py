@@ -50,6 +50,24 @@ def test_it_picks_the_fastest_setting_and_remembers_it() -> None:
         model.close()
 
 
+def test_a_llama_cpp_built_with_other_instruction_sets_is_timed_again(monkeypatch) -> None:
+    """Timings kept under one build of llama.cpp are not reused under another of the same
+    version (``make install`` adding the CPU's AVX-512 sets): its kernels are other code."""
+    model = LlamaModel(str(bundled_model_path()))
+    try:
+        shape, settings = ContextShape(2, 256, threads=2), tuning.candidates(False, "auto")
+        assert tuning.choose(model, shape, settings).measured
+        assert not tuning.choose(model, shape, settings).measured
+        built = tuning.llama_cpp.llama_print_system_info()
+        assert b"AVX2 = 1" in built or b"NEON = 1" in built
+        monkeypatch.setattr(
+            tuning.llama_cpp, "llama_print_system_info", lambda: built + b"AVX512 = 1 | "
+        )
+        assert tuning.choose(model, shape, settings).measured
+    finally:
+        model.close()
+
+
 def test_an_engine_left_to_choose_sets_up_what_it_measured() -> None:
     engine = make_engine(sequences=2, ctx_per_seq=256, kv_unified=None, repeatable=False)
     try:
