@@ -7,15 +7,14 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 NODES ?= 2
 
-.PHONY: run test bench-quick install browser mutation llama-cmake-args FORCE
+.PHONY: run test bench-quick install browser mutation llama-cmake-args
 
 # llama-cpp-python is built for x86-64-v3 (AVX2, FMA, F16C) plus the AVX-512 and VNNI sets
 # this machine's kernel lists in /proc/cpuinfo (it lists a set only where it saves that set's
 # registers), never with GGML_NATIVE: a CPU can report instruction sets a process may not use
 # (AMX tiles here: SIGILL in the first batch), so AMX is never built in. On an AVX-512 CPU the
 # sets add 1.2-1.3x at 8 streams of the repacked Q4_0 (docs/validation.md has the figures).
-# Built once per version and flags into ~/.cache/phalanx-wheels; a venv whose flags differ
-# from this machine's (a disk moved to another CPU) is installed again.
+# Built once per version and flags into ~/.cache/phalanx-wheels.
 LLAMA_VERSION := 0.3.36
 CPUINFO ?= /proc/cpuinfo
 ifeq ($(shell uname -m),x86_64)
@@ -31,26 +30,30 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 endif
 # LLAMA_EXTRA_CMAKE_ARGS adds options to these (what a device validation's cpu.build warning
 # names: make -B install LLAMA_EXTRA_CMAKE_ARGS="-DGGML_AVX512=ON"); -B because .installed is
-# newer than pyproject.toml, so a plain make install has nothing to do.
+# newer than pyproject.toml, so a plain make install has nothing to do (and a later plain
+# make install keeps what it built: only this machine's own flags are stamped below).
 LLAMA_ALL_CMAKE_ARGS := $(strip $(LLAMA_CMAKE_ARGS) $(LLAMA_EXTRA_CMAKE_ARGS))
 WHEELS := $(HOME)/.cache/phalanx-wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_ALL_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+# A venv is stamped with this machine's flags (a file named by their hash): when its CPU lists
+# other sets (a disk moved to another machine), the stamp is missing and make install (run,
+# test) installs the venv again. The flags it was built with are recorded beside it.
+CPU_STAMP := $(VENV)/.llama-cpu-$(shell echo '$(LLAMA_VERSION) $(strip $(LLAMA_CMAKE_ARGS))' | sha256sum | cut -c1-12)
 
-# the flags the venv's llama-cpp-python was built with; rewritten (so the venv is installed
-# again) only when this machine's differ
-$(VENV)/.llama-cmake-args: FORCE
-	@mkdir -p $(VENV)
-	@echo '$(LLAMA_ALL_CMAKE_ARGS)' | cmp -s - $@ || echo '$(LLAMA_ALL_CMAKE_ARGS)' > $@
+$(CPU_STAMP):
+	@mkdir -p $(VENV) && rm -f $(VENV)/.llama-cpu-* && touch $@
 
-# what the benchmarks build llama.cpp's own server with, so that both sides run the same kernels
+# the flags llama-cpp-python is built with here, which the benchmarks build llama.cpp's own
+# server with when no venv's record says otherwise (bench/vs_llama_server.py)
 llama-cmake-args:
 	@echo '$(LLAMA_ALL_CMAKE_ARGS)'
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.llama-cmake-args
+$(VENV)/.installed: pyproject.toml $(CPU_STAMP)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_ALL_CMAKE_ARGS)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
 	$(PY) -m pip install --quiet --no-index --no-deps --force-reinstall --find-links $(WHEELS) llama-cpp-python==$(LLAMA_VERSION)
 	$(PY) -m pip install --quiet -e '.[test,scale,bench]'
+	echo '$(LLAMA_ALL_CMAKE_ARGS)' > $(VENV)/.llama-cmake-args
 	touch $@
 
 install: $(VENV)/.installed

@@ -75,14 +75,18 @@ NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 
 
 def cpu_flags() -> list[str]:
-    """The CMake flags the Makefile builds llama-cpp-python with on this machine (``make -s
-    llama-cmake-args``: x86-64-v3 plus the AVX-512 sets the CPU lists; ``$LLAMA_CMAKE_ARGS`` when
-    set), so that both sides run the same kernels."""
-    if os.environ.get("LLAMA_CMAKE_ARGS"):
-        return os.environ["LLAMA_CMAKE_ARGS"].split()
+    """The CMake flags this Python's llama-cpp-python was built with (the record ``make install``
+    leaves in the venv), or else those the Makefile builds with on this machine (``make -s
+    llama-cmake-args``: x86-64-v3 plus the AVX-512 sets the CPU lists), so that both sides run
+    the same kernels."""
+    record = Path(sys.prefix) / ".llama-cmake-args"
+    if record.exists():
+        return record.read_text().split()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     printed = subprocess.run(
         ["make", "-s", "llama-cmake-args"],
         cwd=Path(__file__).resolve().parents[1],
+        env=env,
         capture_output=True,
         text=True,
         check=True,

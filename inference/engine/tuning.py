@@ -26,6 +26,7 @@ machine stays until then).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -212,10 +213,12 @@ def _machine_and_shape(model: LlamaModel, shape: ContextShape) -> list:
     return [*what, os.cpu_count(), cpu_model(), llama_build()]
 
 
+@functools.cache
 def llama_build() -> str:
     """llama-cpp-python's version and the instruction sets its llama.cpp was built with
     (``llama_print_system_info``: ``AVX2 = 1 | AVX512 = 1 ...``): a measurement taken under one
-    build says nothing of another, e.g. after ``make install`` adds the AVX-512 sets."""
+    build says nothing of another, e.g. after ``make install`` adds the AVX-512 sets. Read once
+    a process (llama.cpp writes that text into one static buffer: not from two threads at once)."""
     return f"{llama_cpp.__version__} {llama_cpp.llama_print_system_info().decode()}"
 
 

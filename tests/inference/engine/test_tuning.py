@@ -58,11 +58,9 @@ def test_a_llama_cpp_built_with_other_instruction_sets_is_timed_again(monkeypatc
         shape, settings = ContextShape(2, 256, threads=2), tuning.candidates(False, "auto")
         assert tuning.choose(model, shape, settings).measured
         assert not tuning.choose(model, shape, settings).measured
-        built = tuning.llama_cpp.llama_print_system_info()
-        assert b"AVX2 = 1" in built or b"NEON = 1" in built
-        monkeypatch.setattr(
-            tuning.llama_cpp, "llama_print_system_info", lambda: built + b"AVX512 = 1 | "
-        )
+        built = tuning.llama_build()
+        assert "AVX2 = 1" in built or "NEON = 1" in built
+        monkeypatch.setattr(tuning, "llama_build", lambda: built + "AVX512_VNNI = 1 | ")
         assert tuning.choose(model, shape, settings).measured
     finally:
         model.close()

@@ -18,6 +18,8 @@ SAPPHIRE_RAPIDS = (
     f"{AVX2_ONLY} {AVX512} avx512ifma avx_vnni avx512_bf16 avx512vbmi avx512_vnni amx_bf16 "
     "amx_tile amx_int8"
 )
+# what a make run started from a make (make test) would inherit and these runs must not
+MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "LLAMA_CMAKE_ARGS", "LLAMA_EXTRA_CMAKE_ARGS")
 
 pytestmark = pytest.mark.skipif(
     platform.machine() != "x86_64", reason="the x86 instruction sets apply to x86_64 builds"
@@ -31,30 +33,44 @@ def cpuinfo(tmp_path: Path, flags: str) -> Path:
 
 
 def make(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_CMAKE_ARGS", "MAKEFLAGS")}
+    env = {k: v for k, v in os.environ.items() if k not in MAKE_ENV}
     return subprocess.run(
         ["make", "-s", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     ).stdout
 
 
+def flags_for(tmp_path: Path, cpu_flags: str) -> str:
+    return make("llama-cmake-args", f"CPUINFO={cpuinfo(tmp_path, cpu_flags)}").strip()
+
+
 def test_an_avx2_cpu_gets_the_x86_64_v3_build(tmp_path):
-    assert make("llama-cmake-args", f"CPUINFO={cpuinfo(tmp_path, AVX2_ONLY)}").strip() == BASE
+    assert flags_for(tmp_path, AVX2_ONLY) == BASE
 
 
 def test_an_avx512_cpu_gets_its_sets_built_in_but_never_amx(tmp_path):
-    flags = make("llama-cmake-args", f"CPUINFO={cpuinfo(tmp_path, SAPPHIRE_RAPIDS)}").split()
-    assert flags[: len(BASE.split())] == BASE.split()
-    for option in ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AVX_VNNI"):
-        assert f"-DGGML_{option}=ON" in flags
-    assert not [f for f in flags if "AMX" in f or "NATIVE=ON" in f]
+    assert flags_for(tmp_path, SAPPHIRE_RAPIDS) == (
+        f"{BASE} -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+        "-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+    )
 
 
-def test_avx512_needs_every_set_ggml_compiles_it_with(tmp_path):
-    """GGML_AVX512 compiles with -mavx512f/cd/vl/dq/bw: a CPU lacking one (avx512bw here, as
-    Knights Landing) gets none of the AVX-512 options, and its AVX-VNNI only if listed."""
-    partial = f"{AVX2_ONLY} avx512f avx512cd avx512vl avx512dq avx512_vnni"
-    flags = make("llama-cmake-args", f"CPUINFO={cpuinfo(tmp_path, partial)}")
-    assert "AVX512" not in flags and "VNNI" not in flags
+@pytest.mark.parametrize(
+    ("cpu", "cpu_flags", "added"),
+    [
+        ("Skylake-SP", f"{AVX2_ONLY} {AVX512}", "-DGGML_AVX512=ON"),
+        (
+            "Cascade Lake",
+            f"{AVX2_ONLY} {AVX512} avx512_vnni",
+            "-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON",
+        ),
+        ("Alder Lake", f"{AVX2_ONLY} avx_vnni", "-DGGML_AVX_VNNI=ON"),
+        # GGML_AVX512 compiles with -mavx512f/cd/vl/dq/bw: without bw (Knights Landing) none of
+        # the AVX-512 options, VNNI included
+        ("Knights Landing", f"{AVX2_ONLY} avx512f avx512cd avx512vl avx512dq avx512_vnni", ""),
+    ],
+)
+def test_each_set_is_added_only_where_the_cpu_lists_it(tmp_path, cpu, cpu_flags, added):
+    assert flags_for(tmp_path, cpu_flags) == f"{BASE} {added}".strip(), cpu
 
 
 def test_the_wheel_built_is_the_one_for_these_flags(tmp_path):
@@ -66,16 +82,36 @@ def test_the_wheel_built_is_the_one_for_these_flags(tmp_path):
     assert "-DGGML_AVX512_VNNI=ON" in wheel and "AMX" not in wheel
 
 
-def test_a_venv_built_for_other_flags_is_installed_again(tmp_path):
-    """The venv records its flags; they are rewritten (so ``.installed``, which depends on them,
-    is remade) when this machine's differ, and left alone, same time, when they do not."""
-    venv = tmp_path / "venv"
-    record = venv / ".llama-cmake-args"
+def test_a_venv_is_installed_again_only_when_its_cpu_lists_other_sets(tmp_path):
+    """The install rule itself, run with ``true`` for Python (nothing is installed): a second
+    run on the same CPU does nothing, a run where the CPU lists other sets (a disk moved to
+    another machine) installs again and records the new flags, and so does a later one back."""
+    venv, home = tmp_path / "venv", tmp_path / "home"
     avx2, avx512 = cpuinfo(tmp_path, AVX2_ONLY), cpuinfo(tmp_path, SAPPHIRE_RAPIDS)
-    make(str(record), f"VENV={venv}", f"CPUINFO={avx512}")
-    assert "-DGGML_AVX512=ON" in record.read_text()
-    os.utime(record, (1_000_000, 1_000_000))
-    make(str(record), f"VENV={venv}", f"CPUINFO={avx512}")
-    assert record.stat().st_mtime == 1_000_000  # same CPU: nothing to install again
-    make(str(record), f"VENV={venv}", f"CPUINFO={avx2}")
-    assert record.read_text().strip() == BASE and record.stat().st_mtime > 1_000_000
+    fake = ["PYTHON=true", "PY=true", f"HOME={home}", f"VENV={venv}"]
+    installed, record = venv / ".installed", venv / ".llama-cmake-args"
+
+    def install(cpu: Path) -> float:
+        make("install", *fake, f"CPUINFO={cpu}")
+        return installed.stat().st_mtime_ns
+
+    first = install(avx512)
+    assert "-DGGML_AVX512_VNNI=ON" in record.read_text()
+    assert install(avx512) == first
+    assert make("-n", "install", *fake, f"CPUINFO={avx512}") == ""  # a dry run says so too
+    moved = install(avx2)
+    assert moved > first and record.read_text().strip() == BASE
+    assert install(avx2) == moved and install(avx512) > moved
+
+
+def test_an_asked_rebuild_is_kept_by_a_later_plain_install(tmp_path):
+    """What ``cpu.build``'s advice builds (``make -B install LLAMA_EXTRA_CMAKE_ARGS=...``) stays
+    installed through the next ``make run`` or ``make test`` on the same CPU."""
+    venv = tmp_path / "venv"
+    fake = ["PYTHON=true", "PY=true", f"HOME={tmp_path / 'home'}", f"VENV={venv}"]
+    cpu = f"CPUINFO={cpuinfo(tmp_path, AVX2_ONLY)}"
+    make("-B", "install", *fake, cpu, "LLAMA_EXTRA_CMAKE_ARGS=-DGGML_AVX512=ON")
+    asked = (venv / ".installed").stat().st_mtime_ns
+    make("install", *fake, cpu)
+    assert (venv / ".installed").stat().st_mtime_ns == asked
+    assert "-DGGML_AVX512=ON" in (venv / ".llama-cmake-args").read_text()
