@@ -96,16 +96,20 @@ def test_up_runs_replicas_behind_one_port(tmp_path):
             "REDIS_URL": redis_url(),
         }
         command = [sys.executable, "manage.py", "up", "--nodes", "1", "--replicas", "2"]
+        log = tmp_path / "up.log"  # up's own output, shown when it does not come up
         up = subprocess.Popen(
             [*command, "--port", str(port)],
             cwd=REPO,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:
-            wait_healthy(f"http://127.0.0.1:{port}", timeout=120)
+            try:
+                wait_healthy(f"http://127.0.0.1:{port}", timeout=120)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}\nup's output:\n{log.read_text()[-4000:]}") from exc
             pids = set()
             for _ in range(60):  # each GET a new connection: the kernel picks a replica
                 health = httpx.get(
