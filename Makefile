@@ -33,17 +33,18 @@ endif
 # newer than pyproject.toml, so a plain make install has nothing to do (and a later plain
 # make install keeps what it built: only this machine's own flags are stamped below).
 LLAMA_ALL_CMAKE_ARGS := $(strip $(LLAMA_CMAKE_ARGS) $(LLAMA_EXTRA_CMAKE_ARGS))
-WHEELS := $(HOME)/.cache/phalanx-wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_ALL_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+# $(call hash12,text): the first 12 hex digits of the text's sha256
+hash12 = $(shell echo '$(1)' | sha256sum | cut -c1-12)
+WHEELS := $(HOME)/.cache/phalanx-wheels/$(call hash12,$(LLAMA_VERSION) $(LLAMA_ALL_CMAKE_ARGS))
 # A venv is stamped with this machine's flags (a file named by their hash): when its CPU lists
 # other sets (a disk moved to another machine), the stamp is missing and make install (run,
 # test) installs the venv again. The flags it was built with are recorded beside it.
-CPU_STAMP := $(VENV)/.llama-cpu-$(shell echo '$(LLAMA_VERSION) $(strip $(LLAMA_CMAKE_ARGS))' | sha256sum | cut -c1-12)
+CPU_STAMP := $(VENV)/.llama-cpu-$(call hash12,$(LLAMA_VERSION) $(strip $(LLAMA_CMAKE_ARGS)))
 
 $(CPU_STAMP):
 	@mkdir -p $(VENV) && rm -f $(VENV)/.llama-cpu-* && touch $@
 
-# the flags llama-cpp-python is built with here, which the benchmarks build llama.cpp's own
-# server with when no venv's record says otherwise (bench/vs_llama_server.py)
+# the flags llama-cpp-python is built with on this machine
 llama-cmake-args:
 	@echo '$(LLAMA_ALL_CMAKE_ARGS)'
 

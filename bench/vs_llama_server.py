@@ -76,22 +76,12 @@ NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 
 def cpu_flags() -> list[str]:
     """The CMake flags this Python's llama-cpp-python was built with (the record ``make install``
-    leaves in the venv), or else those the Makefile builds with on this machine (``make -s
-    llama-cmake-args``: x86-64-v3 plus the AVX-512 sets the CPU lists), so that both sides run
-    the same kernels."""
+    leaves in the venv: x86-64-v3 plus the AVX-512 sets the CPU lists), so that both sides run
+    the same kernels. Raises ``SystemExit`` for a Python that ``make install`` did not set up."""
     record = Path(sys.prefix) / ".llama-cmake-args"
-    if record.exists():
-        return record.read_text().split()
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    printed = subprocess.run(
-        ["make", "-s", "llama-cmake-args"],
-        cwd=Path(__file__).resolve().parents[1],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return printed.split()
+    if not record.exists():
+        raise SystemExit(f"{record} is missing: run the benchmark with the venv make install made")
+    return record.read_text().split()
 
 
 def ensure_llama_server(cache: Path) -> Path:

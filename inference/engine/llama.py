@@ -10,6 +10,7 @@ API reference: llama.cpp ``include/llama.h`` as bound by llama-cpp-python 0.3.36
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import threading
 import time
@@ -103,6 +104,19 @@ def capture_log(on_line: Callable[[str], None]) -> Iterator[None]:
         sink.flush()
     if sink.error is not None:
         raise sink.error
+
+
+_system_info_lock = threading.Lock()
+
+
+@functools.cache
+def system_info() -> str:
+    """llama.cpp's system info (``llama_print_system_info``): its backends and the instruction
+    sets it was built with, ``"CPU : SSE3 = 1 | ... | AVX2 = 1 | AVX512 = 1 | ..."``. Read once
+    a process, under a lock: llama.cpp writes that text into one static buffer, which two
+    threads (the engine's, a device validation's) must not fill at once."""
+    with _system_info_lock:
+        return C.llama_print_system_info().decode(errors="replace")
 
 
 KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0}

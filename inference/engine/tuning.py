@@ -26,7 +26,6 @@ machine stays until then).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -40,7 +39,7 @@ from pathlib import Path
 import llama_cpp
 
 from inference.engine import kv_blob
-from inference.engine.llama import ContextShape, LlamaContext, LlamaModel
+from inference.engine.llama import ContextShape, LlamaContext, LlamaModel, system_info
 
 STEPS = 5  # timed decode steps per candidate (the median is kept), after one untimed
 
@@ -213,13 +212,11 @@ def _machine_and_shape(model: LlamaModel, shape: ContextShape) -> list:
     return [*what, os.cpu_count(), cpu_model(), llama_build()]
 
 
-@functools.cache
 def llama_build() -> str:
     """llama-cpp-python's version and the instruction sets its llama.cpp was built with
-    (``llama_print_system_info``: ``AVX2 = 1 | AVX512 = 1 ...``): a measurement taken under one
-    build says nothing of another, e.g. after ``make install`` adds the AVX-512 sets. Read once
-    a process (llama.cpp writes that text into one static buffer: not from two threads at once)."""
-    return f"{llama_cpp.__version__} {llama_cpp.llama_print_system_info().decode()}"
+    (``llama.system_info``): a measurement taken under one build says nothing of another, e.g.
+    after ``make install`` adds the AVX-512 sets."""
+    return f"{llama_cpp.__version__} {system_info()}"
 
 
 def cpu_model() -> str:

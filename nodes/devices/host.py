@@ -138,12 +138,10 @@ class LocalHost:
 
     def llama_system_info(self) -> str | None:
         try:
-            import llama_cpp
-
-            raw = llama_cpp.llama_print_system_info()
-        except Exception:
+            from inference.engine.llama import system_info
+        except Exception:  # noqa: BLE001 - llama-cpp-python missing or its library unloadable
             return None
-        return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        return system_info()
 
     def kernel_release(self) -> str | None:
         return os.uname().release

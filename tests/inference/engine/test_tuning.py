@@ -239,14 +239,15 @@ def test_a_move_that_fails_or_a_repeatable_node_keeps_the_context_in_use(monkeyp
 
     engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=True)
     timed = []
-    monkeypatch.setattr(tuning, "choose", lambda *args, **kw: timed.append(args) or 1 / 0)
-    try:
-        serve_short_chats(engine)
-        engine.call(engine._retime_for_traffic).result(30)  # what an idle moment runs
-        assert not timed and engine.snapshot()["tuning"]["fill"] == 512
-    finally:
-        engine.stop()
-    monkeypatch.undo()
+    # (a context of its own: undo() would also undo _own_cache's settings)
+    with monkeypatch.context() as patched:
+        patched.setattr(tuning, "choose", lambda *args, **kw: timed.append(args) or 1 / 0)
+        try:
+            serve_short_chats(engine)
+            engine.call(engine._retime_for_traffic).result(30)  # what an idle moment runs
+            assert not timed and engine.snapshot()["tuning"]["fill"] == 512
+        finally:
+            engine.stop()
     monkeypatch.setattr(retime, "LlamaContext", refused)
     engine = make_engine(sequences=2, ctx_per_seq=1024, kv_unified=None, repeatable=False)
     try:

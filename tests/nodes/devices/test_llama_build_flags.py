@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nodes.devices.matrix import load_matrix
+
 ROOT = Path(__file__).resolve().parents[3]
 BASE = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 AVX2_ONLY = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c avx2 fma bmi2"
@@ -115,3 +117,17 @@ def test_an_asked_rebuild_is_kept_by_a_later_plain_install(tmp_path):
     make("install", *fake, cpu)
     assert (venv / ".installed").stat().st_mtime_ns == asked
     assert "-DGGML_AVX512=ON" in (venv / ".llama-cmake-args").read_text()
+
+
+def test_every_option_validation_advises_is_one_the_install_adds_by_itself(tmp_path):
+    """``cpu.build`` (``matrix.yaml``) names an option for a set the CPU lists and the build
+    lacks; the Makefile adds that same option on such a CPU, so the advice is only ever needed
+    for a build made by hand (the two lists cannot drift apart)."""
+    cpu = load_matrix()["cpu"]
+    options = cpu["build_options"]
+    advised = {
+        flag: options[name] for flag, name in cpu["build_features"].items() if name in options
+    }
+    assert advised  # AVX512, AVX512_VNNI, AVX_VNNI
+    for flag, option in advised.items():
+        assert option in flags_for(tmp_path, f"{AVX2_ONLY} {AVX512} {flag}").split(), flag
