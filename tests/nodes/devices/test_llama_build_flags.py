@@ -106,6 +106,17 @@ def test_a_venv_is_installed_again_only_when_its_cpu_lists_other_sets(tmp_path):
     assert install(avx2) == moved and install(avx512) > moved
 
 
+def test_the_advised_rebuild_reaches_the_build_with_its_option(tmp_path):
+    """``make -n -B install LLAMA_EXTRA_CMAKE_ARGS=...`` (what ``cpu.build`` advises; a dry run,
+    on an AVX2 CPU whose own flags do not add the option): pip builds a wheel with the
+    Makefile's flags plus the option, instead of "Nothing to be done"."""
+    cpu = f"CPUINFO={cpuinfo(tmp_path, AVX2_ONLY)}"
+    asked = "LLAMA_EXTRA_CMAKE_ARGS=-DGGML_AVX512=ON -DPHALANX_ASKED=ON"
+    out = make("-n", "-B", "install", f"VENV={tmp_path / 'venv'}", cpu, asked)
+    wheel = next(line for line in out.splitlines() if "pip wheel" in line)
+    assert f"{BASE} -DGGML_AVX512=ON -DPHALANX_ASKED=ON" in wheel
+
+
 def test_an_asked_rebuild_is_kept_by_a_later_plain_install(tmp_path):
     """What ``cpu.build``'s advice builds (``make -B install LLAMA_EXTRA_CMAKE_ARGS=...``) stays
     installed through the next ``make run`` or ``make test`` on the same CPU."""

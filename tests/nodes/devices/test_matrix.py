@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +20,6 @@ ENGINE = {
     "quantization": "Q4_K_M",
 }
 BENCH = {"decode_tok_s_8": 300.0}
-# what a make run started from a make (make test) would inherit and these dry runs must not
-MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "LLAMA_CMAKE_ARGS", "LLAMA_EXTRA_CMAKE_ARGS")
 
 
 def results(inventory, engine=None, bench=None, pool=None):
@@ -170,25 +165,6 @@ def test_it_advises_no_avx512_build_to_a_cpu_without_every_set_it_needs(machine)
     inventory["llama"]["features"]["AVX512"] = "0"
     status, reason = results(inventory)["cpu.build"]
     assert "(AVX512)" not in reason and "GGML_AVX512=ON" not in reason, reason
-
-
-def test_the_advised_rebuild_reaches_the_build_with_its_option(tmp_path):
-    """``make -n -B install LLAMA_EXTRA_CMAKE_ARGS=...`` (a dry run, on an AVX2 CPU whose own
-    flags do not add the option): pip builds a wheel with the Makefile's flags plus the option,
-    instead of "Nothing to be done"."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: fpu sse sse2 avx avx2 fma f16c bmi2\n")
-    out = subprocess.run(
-        ["make", "-n", "-B", "install", f"CPUINFO={cpuinfo}"]
-        + ["LLAMA_EXTRA_CMAKE_ARGS=-DGGML_AVX512=ON -DPHALANX_ASKED=ON"],
-        cwd=Path(__file__).resolve().parents[3],
-        env={k: v for k, v in os.environ.items() if k not in MAKE_ENV},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    wheel = next(line for line in out.splitlines() if "pip wheel" in line)
-    assert "-DGGML_AVX2=ON" in wheel and "-DGGML_AVX512=ON -DPHALANX_ASKED=ON" in wheel
 
 
 def test_it_fails_a_cpu_without_avx2():
