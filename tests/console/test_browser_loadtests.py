@@ -7,9 +7,9 @@ curve, steps and findings; the Stop button keeping what was measured; a viewer w
 from __future__ import annotations
 
 import re
-from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
+from django.template.defaultfilters import floatformat
 from playwright import sync_api as playwright_sync
 
 from tests.console.conftest import BROWSER_USERS_SETUP, DRAWN_POINTS, browser_marks, shot
@@ -23,13 +23,6 @@ scenario_save(spec={"name": "browser-agents", "kind": "agent_sessions", "steps":
                     "turns": 3, "max_tokens": 8, "tool_max_tokens": 64, "max_s": 200,
                     "target_p95_s": 0.001})
 """
-
-
-def five_places(value: float) -> str:
-    """The amount rounded half up to 5 places, as the page writes it (Django's floatformat:5
-    rounds the decimal the float prints as: 0.000285 is 0.00029, where f"{0.000285:.5f}" gives
-    0.00028 from the binary value just below it)."""
-    return str(Decimal(repr(value)).quantize(Decimal("0.00001"), rounding=ROUND_HALF_UP))
 
 
 # where the live charts' legends and x-axis titles are drawn: [[legend box, title box], ...]
@@ -101,9 +94,10 @@ def test_an_operator_starts_a_run_follows_it_live_and_reads_its_report(page_as, 
     tiles = page.locator("#lt-summary")
     expect(tiles).to_contain_text(f"Sessions per node{summary['tightest_sessions_per_node']}")
     expect(tiles).to_contain_text(f"at ≤ {tightest} s (none at 0.001 s)")
-    expect(page.locator("#sum-cost")).to_have_text(
-        re.compile(rf"^{five_places(summary['tightest_cost_per_session'])} ")
-    )
+    # written as the page's floatformat:5 rounds it (half up: 0.000285 is 0.00029, where
+    # f"{0.000285:.5f}" gives 0.00028)
+    cost = floatformat(summary["tightest_cost_per_session"], 5)
+    expect(page.locator("#sum-cost")).to_have_text(re.compile(rf"^{re.escape(cost)} "))
     steps = page.locator("#lt-steps tbody tr")
     expect(steps).to_have_count(2)
     expect(steps.nth(1).locator("td").first).to_have_text("2")

@@ -97,14 +97,15 @@ def test_up_runs_replicas_behind_one_port(tmp_path):
         }
         command = [sys.executable, "manage.py", "up", "--nodes", "1", "--replicas", "2"]
         log = tmp_path / "up.log"  # up's own output, shown when it does not come up
-        up = subprocess.Popen(
-            [*command, "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with log.open("w") as out:  # the child holds its own copy once started
+            up = subprocess.Popen(
+                [*command, "--port", str(port)],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             try:
                 wait_healthy(f"http://127.0.0.1:{port}", timeout=120)
